@@ -77,6 +77,7 @@ class ModelInfo:
     outputs: dict[str, TensorMeta]
     opset: int
     inner: dict[str, str] = dataclasses.field(default_factory=dict)  # main graph tensor no output is -> its node's op
+    defaulted: tuple[str, ...] = ()  # graph inputs with an initializer default: held constant, never fed
 
     @property
     def batch_dims(self) -> dict[str, int]:
@@ -116,7 +117,8 @@ def read_model_info(path: Path) -> ModelInfo:
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     inner = {name: node.op_type for name, node in producers.items() if name and name not in outputs}
-    return ModelInfo(inputs=inputs, outputs=outputs, opset=opset, inner=inner)
+    defaulted = tuple(v.name for v in model.graph.input if v.name in initializers)
+    return ModelInfo(inputs=inputs, outputs=outputs, opset=opset, inner=inner, defaulted=defaulted)
 
 
 def _read_as_positions(meta: TensorMeta, table: tuple[int | str, ...] | None) -> bool:

@@ -196,7 +196,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     labels = _labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
     try:
-        eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source)
+        eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source,
+                                 defaulted=model.defaulted)
     except RecipeError as exc:
         mismatch = (source.torch and exc.field == "data.inputs"
                     and example_inputs_mismatch(recipe, source.torch.input_shapes, table, eval_rows))  # fmt: skip

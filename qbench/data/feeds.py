@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -54,16 +54,18 @@ def build_feeds(
     *,
     recipe_file: Path,
     table_field: str | None = None,
+    defaulted: Collection[str] = (),
 ) -> dict[str, np.ndarray]:
     """Model input name -> array of the rows at `positions` (at least one), for every `column -> input` pair.
 
     A text column (`column -> TextInputSpec`) is tokenized once over all `positions`, so
     `padding: longest` gives every row of this set the same length. `table_field`: the recipe field naming `df`'s
     file where that is not `data.path` (`data.calibration.path`): a problem with a cell is then reported under that
-    field with the file's name, not as one of `data.path`'s (whose columns may be fine).
+    field with the file's name, not as one of `data.path`'s (whose columns may be fine). `defaulted`: the model's
+    graph inputs with an initializer default (ModelInfo.defaulted), which a column may not feed.
     """
     try:
-        return _feeds(df, positions, inputs, model_inputs, recipe_file=recipe_file)
+        return _feeds(df, positions, inputs, model_inputs, recipe_file=recipe_file, defaulted=defaulted)
     except RecipeError as exc:
         if table_field is None:
             raise
@@ -72,11 +74,11 @@ def build_feeds(
 
 def _feeds(
     df: pd.DataFrame, positions: np.ndarray, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta],
-    *, recipe_file: Path,
+    *, recipe_file: Path, defaulted: Collection[str] = (),
 ) -> dict[str, np.ndarray]:  # fmt: skip
     if len(positions) == 0:
         raise ValueError("build_feeds needs at least one row position")
-    fed = _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file)
+    fed = _check_mapping(df, inputs, model_inputs, recipe_file=recipe_file, defaulted=defaulted)
     feeds: dict[str, np.ndarray] = {}
     for column, target in inputs.items():
         cells = df[column].iloc[positions]
@@ -161,7 +163,8 @@ def _rows(feeds: Mapping[str, np.ndarray], batch_size: int) -> int:
 
 
 def _check_mapping(
-    df: pd.DataFrame, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *, recipe_file: Path
+    df: pd.DataFrame, inputs: Mapping[str, InputTarget], model_inputs: dict[str, TensorMeta], *, recipe_file: Path,
+    defaulted: Collection[str] = (),
 ) -> dict[str, list[str]]:
     """Every column exists, every input name is the model's, and each model input is fed exactly once.
 
@@ -180,6 +183,11 @@ def _check_mapping(
             fed[column] = _tokenized_inputs(column, target, model_inputs, recipe_file=recipe_file)
         elif isinstance(target, ImageInputSpec):
             fed[column] = [image_input_name(column, target, inputs, model_inputs, recipe_file=recipe_file)]
+        elif target in defaulted:
+            message = (f"model input {target!r} has a default (an initializer of the same name, as older exporters "
+                       "write), which qbench holds constant in every variant and never feeds; expected it left out of "
+                       "data.inputs, or the model saved without that initializer to feed it per row")
+            raise RecipeError(recipe_file, field, message)
         elif target not in model_inputs:
             message = f"{target!r} is not an input of the model; {_expected(target, model_inputs)}"
             raise RecipeError(recipe_file, field, message)

@@ -1,0 +1,71 @@
+"""Model inputs a column cannot feed, as `qbench validate` meets them: a scalar (rank-0) input, one value per call,
+and an input with a default (an initializer of the same name), which qbench holds constant; each is one line naming
+the input and what to do, and the default route passes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.cli_app import main
+
+RNG = np.random.default_rng(0)
+ROWS = 60
+
+
+def _temperature_model(path: Path, default: float | None) -> None:
+    """probs = Softmax((x @ W) / t), t a scalar input [] (a temperature); with `default`, t has an initializer."""
+    initializers = [numpy_helper.from_array(RNG.normal(size=(4, 3)).astype(np.float32), "w")]
+    if default is not None:
+        initializers.append(numpy_helper.from_array(np.array(default, np.float32), "t"))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Div", ["h", "t"], ["z"]),
+         helper.make_node("Softmax", ["z"], ["probs"], axis=-1)], "temperature",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+         helper.make_tensor_value_info("t", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])], initializers)  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def _validate(tmp_path: Path, inputs: dict[str, str], capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:
+    np.savez(tmp_path / "rows.npz", x=RNG.normal(size=(ROWS, 4)).astype(np.float32),
+             t=np.full(ROWS, 2.0, np.float32), label=RNG.integers(0, 3, size=ROWS))  # fmt: skip
+    recipe = {"name": "temperature", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.npz", "inputs": inputs, "label": "label", "calibration": {"samples": 16}},
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    code = main(["validate", str(tmp_path / "recipe.yaml"), "--no-track"])
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+
+
+def test_a_scalar_input_fed_from_a_column_is_refused_as_a_scalar_not_as_a_fixed_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It was fed one value per row, ran one row and failed at a batch of 64 as 'its graph fixes a batch of 1'."""
+    _temperature_model(tmp_path / "model.onnx", default=None)
+    code, errors = _validate(tmp_path, {"x": "x", "t": "t"}, capsys)
+    assert code == 2
+    assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' is a scalar (shape []): one "
+                      "value per call, where qbench feeds a column one value per row along axis 0; expected an input "
+                      "with a row axis, or give 't' a default in the graph (an initializer named 't' at the value to "
+                      "judge: qbench then feeds it never and holds it constant in every variant; README: Graphs as "
+                      "tools write them)"]  # fmt: skip
+
+
+def test_an_input_with_a_default_fed_from_a_column_is_refused_naming_the_default_and_left_out_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """'t' is a graph input with an initializer: the error said it was no input of the model."""
+    _temperature_model(tmp_path / "model.onnx", default=2.0)
+    code, errors = _validate(tmp_path, {"x": "x", "t": "t"}, capsys)
+    assert code == 2
+    assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' has a default (an "
+                      "initializer of the same name, as older exporters write), which qbench holds constant in every "
+                      "variant and never feeds; expected it left out of data.inputs, or the model saved without that "
+                      "initializer to feed it per row"]  # fmt: skip
+    assert _validate(tmp_path, {"x": "x"}, capsys) == (0, [])
