@@ -100,9 +100,9 @@ def test_other_weights_in_an_external_data_file_run_the_check_again(tmp_path: Pa
     assert sessions == [model, model]
 
 
-def test_a_verdict_that_cannot_be_kept_is_warned_about_naming_the_row_check(tmp_path: Path, sessions: list[Path],
-                                                                         monkeypatch: pytest.MonkeyPatch,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_verdict_that_cannot_be_kept_is_warned_about_naming_the_row_check(
+    tmp_path: Path, sessions: list[Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A cache that cannot be written (its folder a file): the pass is not kept, and the warning names the check that
     runs again. It said 'the export check's verdict ... the next sweep checks the export again' of an ONNX model that
     no export made."""
