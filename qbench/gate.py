@@ -149,6 +149,13 @@ class GateReport:
                          f"{named_some(found, '; ')}; its variants cannot pass and its rows cannot be the cheapest"
                 for backend, found in lines.items()}  # fmt: skip
 
+    def fp32_problems(self, backend: str) -> list[str]:
+        """The problems leaving FP32 on a later `backend` unjudged against the first backend's (the first's FP32
+        unusable, a slice missing...): every variant of that backend fails with them (`status_of`), though none is
+        its own, as with a breach `fp32_differs` names."""
+        key = f"{self.reference}@{backend}"
+        return [p for p in self.problems if key in self.gated and problem_owner(self.gated, p) == key]
+
 
 NAMED_SCOPES = 5
 """Scopes a one-line verdict names (unresolved passes, breaching slices, skipped slices) before counting the rest:

@@ -228,38 +228,38 @@ def check_output_memory(recipe: Recipe, outputs: Mapping[str, np.ndarray], evalu
 
 def check_masked_outputs(recipe: Recipe, outputs: Mapping[str, np.ndarray], failed_rows: int,
                          ruled_out: Collection[str] = ()) -> None:  # fmt: skip
-    """RecipeError (model.path / model.torch) when an evaluated output is -inf at the same positions on every row the
-    dry run scored and NaN/+inf nowhere: a mask written with -inf (masked_fill(~allowed, -inf)) that no row's input
-    moves. Where the task reads any NaN/inf as that row's failure, that is when FP32 failed on every row
-    (`failed_rows`: those whose judged values hold NaN/inf, as the task reads them): a row FP32 fails on is compared
-    with nothing, so the sweep would build every variant and judge none (exit 2). For the outputs in `ruled_out`,
-    whose -inf the task reads as a class the model rules out on that row (Task.masks_with_neginf), a per-row mask is
-    judged, and one the same on every row is refused as written wrong (built from no input): a finite fill computes
-    the same decisions and is judged."""
+    """RecipeError (model.path / model.torch) when FP32 failed on every row the dry run scored (`failed_rows`: those
+    whose judged values hold NaN/inf, as the task reads them) because an evaluated output is -inf at the same
+    positions on every row and NaN/+inf nowhere: a mask written with -inf (masked_fill(~allowed, -inf)). A row FP32
+    fails on is compared with nothing, so the sweep would build every variant and judge none (exit 2); a finite fill
+    computes the same decisions and is judged. For the outputs in `ruled_out`, whose -inf the task reads as a class the
+    model rules out on that row (Task.masks_with_neginf), only a mask leaving no value is such a failure: one that
+    leaves some classes is scored over them, whether or not the dry run's few rows happen to share it (evaluation rows
+    sorted by the category that sets the mask)."""
     rows = min((len(array) for array in outputs.values()), default=0)
-    if rows == 0:
+    if rows == 0 or failed_rows < rows:
         return
     for name, values in outputs.items():
         flat = np.asarray(values)
-        if flat.dtype.kind != "f" or flat.ndim < 2 or (failed_rows < rows and name not in ruled_out):
+        if flat.dtype.kind != "f" or flat.ndim < 2:
             continue
         flat = flat.reshape(rows, -1)
         masked = np.isneginf(flat)
         if np.isnan(flat).any() or np.isposinf(flat).any() or not masked[0].any() or not (masked == masked[0]).all():
             continue
+        if name in ruled_out and not masked[0].all():  # classes are left to decide among: no row fails for it
+            continue
         positions = np.flatnonzero(masked[0])
         shown = ", ".join(map(str, positions[:8])) + (", ..." if len(positions) > 8 else "")
         field = "model.path" if recipe.model.path is not None else "model.torch"
-        why = ("qbench reads -inf as a class the model rules out on that row, and a mask no row's input moves is "
-               "one written wrong (built from a constant, not from the row)") if name in ruled_out else (
-               "qbench reads a NaN/inf among the values it judges as that row's failure, and a row FP32 fails on has "
-               "nothing to compare a variant with, so no variant could be judged")  # fmt: skip
         raise RecipeError(
             recipe.source, field,
             f"output {name!r} of the FP32 model is -inf at the same {len(positions)} of its {flat.shape[1]} values "
             f"per row (flat positions {shown}) on every evaluation row the dry run scored: a mask written with -inf; "
-            f"{why}; expected finite outputs: fill the mask with a finite value (float32's minimum, -3.4e38), or "
-            "evaluate the output before the mask (model.output)",
+            "qbench reads a NaN/inf among the values it judges as that row's failure, and a row FP32 fails on has "
+            "nothing to compare a variant with, so no variant could be judged; expected finite outputs: fill the "
+            "mask with a finite value (float32's minimum, -3.4e38), or evaluate the output before the mask "
+            "(model.output)",
         )  # fmt: skip
 
 

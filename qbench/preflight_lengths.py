@@ -64,11 +64,19 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
 
     Such an output is computed through a node of `length_varying_nodes` whose own output length, as onnx's shape
     inference (with data propagation) gives it, is neither a constant nor a length of the inputs (the batch, a padded
-    sequence), and its own shape has such a length too (a count summed away per row leaves it fixed). A count computed
+    sequence), and its own shape has such a length too (a count summed away per row leaves it fixed), as the model
+    declares it and as inferred from the inputs (a dim its exporter named as no input's, tf2onnx's unk__7, is
+    inferred). A count computed
     from input shapes alone (a Shape and arithmetic, which onnx does not fold past Min or Div) is computed here with
     every input length set to 7 and then 11: one value both times is a constant; K = min(10, the batch) is not."""
     try:
-        model = infer_shapes(read_onnx(path), data_prop=True)
+        read = read_onnx(path)
+        # an output's shape as its exporter declared it, and as inferred from the inputs: a name the exporter gave
+        # its dims (tf2onnx's unk__N, another name for the batch) says nothing of where their length comes from
+        declared = {value.name: _copied(value.type.tensor_type) for value in read.graph.output}
+        for value in read.graph.output:
+            value.type.tensor_type.ClearField("shape")
+        model = infer_shapes(read, data_prop=True)
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer: the rows check still compares the rows' lengths
         return None
     graph = model.graph
@@ -77,10 +85,12 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
              for dim in value.type.tensor_type.shape.dim if dim.dim_param}  # fmt: skip
     shapes = {value.name: value.type.tensor_type for value in (*graph.value_info, *graph.output, *graph.input)}
 
-    def fixed(name: str) -> bool:
-        typed = shapes.get(name)
+    def fixed_type(typed: Any) -> bool:
         return typed is not None and typed.HasField("shape") and all(
             dim.HasField("dim_value") or dim.dim_param in named for dim in typed.shape.dim)
+
+    def fixed(name: str) -> bool:
+        return fixed_type(shapes.get(name)) or fixed_type(declared.get(name))
 
     def varies(node: Any) -> bool:
         counted = _COUNTED_OPS.get(node.op_type)
@@ -100,6 +110,13 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     return (f"output {output!r} is computed through {node.op_type} {which}{how}, whose output length is neither a "
             "constant nor a length of the inputs (the batch, a padded sequence), so it may change from row to row or "
             f"batch to batch however the dry run's rows came out: {VARIABLE_SHAPE}")
+
+
+def _copied(typed: Any) -> Any:
+    """A copy of a tensor type (onnx.TypeProto.Tensor)."""
+    copy = type(typed)()
+    copy.CopyFrom(typed)
+    return copy
 
 
 def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:

@@ -312,6 +312,8 @@ def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]
         reasons = [check_line(c) for c in gate.breaches if f"{c.variant}@{c.backend}" == key]
         reasons += [problem_line(p) for p in gate.problems if about(p)]
         reasons += [line for on, line in gate.fp32_differs().items() if on == backend]  # its reference is wrong
+        if variant != gate.reference:  # or unjudged (FP32's own problems are listed above as its own)
+            reasons += [problem_line(p) for p in gate.fp32_problems(backend)]
     return {GATE_TAG: verdict, GATE_NOTES_TAG: tag_value(_NOTE_SEPARATOR.join(notes) or "none"),
             GATE_REASONS_TAG: tag_value(_NOTE_SEPARATOR.join(reasons) or "none")}
 

@@ -71,7 +71,7 @@ def checked(folder: Path, export: Path, kind: str, settings: Mapping[str, Any], 
     `folder/checks` says it passed on the same file, `settings` and code; `what` names the check in the line logged
     at `level` that says so. A pass is kept when every Python file that ran during it could be read."""
     path = folder / _FOLDER / f"{kind}-{_digest(export, kind, settings)}.json"
-    stored = _stored(path)
+    stored = _stored(path, what)
     if stored is not None:
         logger.log(level, "%s is reused: it passed on the same model file, inputs, settings and code (largest "
                    "difference %.2e on %d rows; %s)", what, stored.largest, stored.rows, path)  # fmt: skip
@@ -80,7 +80,7 @@ def checked(folder: Path, export: Path, kind: str, settings: Mapping[str, Any], 
     with _code_run() as files:
         outcome = check(agreement)
     if outcome is None and files is not None:
-        _keep(path, agreement, files)
+        _keep(path, agreement, files, what)
     return outcome
 
 
@@ -92,8 +92,9 @@ def _digest(export: Path, kind: str, settings: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _stored(path: Path) -> Agreement | None:
-    """The passed verdict at `path` when it is whole and every file it lists still has its digest, else None."""
+def _stored(path: Path, what: str) -> Agreement | None:
+    """The passed verdict at `path` (of the check `what` names) when it is whole and every file it lists still has its
+    digest, else None."""
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -114,8 +115,8 @@ def _stored(path: Path) -> Agreement | None:
         return None
     changed = next((file for file, ran in code.items() if not _same_code(file, ran["module"], ran["sha256"])), None)
     if changed is not None:
-        logger.info("%s is not the code the export's check against forward() ran (edited, or the module is now "
-                    "imported from another file): checking again", changed)  # fmt: skip
+        logger.info("%s is not the code %s ran (edited, or the module is now imported from another file): checking "
+                    "again", changed, what)  # fmt: skip
         return None
     return Agreement(largest, rows)
 
@@ -137,16 +138,16 @@ def _same_code(file: str, module: str, sha256: str) -> bool:
     return False
 
 
-def _keep(path: Path, agreement: Agreement, files: dict[str, str]) -> None:
+def _keep(path: Path, agreement: Agreement, files: dict[str, str], what: str) -> None:
     code = {file: {"module": module, "sha256": _sha256(Path(file))} for file, module in sorted(files.items())}
     if not code or any(ran["sha256"] is None for ran in code.values()):
         return  # a file that ran and cannot be read: nothing to tell its next edit by
     record = {"version": CHECK_VERSION, "passed": True, "largest_difference": float(agreement.largest),
               "rows": agreement.rows, "code": code}  # fmt: skip
     try:
-        write_atomically(path, json.dumps(record, indent=1), what="the export check's verdict")
+        write_atomically(path, json.dumps(record, indent=1), what=f"the verdict of {what}")
     except QbenchError as exc:  # not kept: the next sweep checks again
-        logger.warning("%s; the next sweep checks the export again", exc)
+        logger.warning("%s; the next sweep runs %s again", exc, what)
 
 
 def _sha256(path: Path) -> str | None:
@@ -162,7 +163,7 @@ def _code_run() -> Iterator[dict[str, str] | None]:
     (filled as it runs, emptied at the end when code without a source file ran); None where another profiler
     (cProfile) holds the hook: then nothing is known, and nothing is kept."""
     if sys.getprofile() is not None:
-        logger.debug("a profiler is running: the export's check is not kept")
+        logger.debug("a profiler is running: the check is not kept")
         yield None
         return
     files: dict[str, str] = {}
@@ -191,5 +192,5 @@ def _code_run() -> Iterator[dict[str, str] | None]:
     finally:
         sys.setprofile(None)
     if generated:  # code made at run time outside any module (torch.fx's): no file to tell its next change by
-        logger.debug("code without a source file ran during the export's check (%s): it is not kept", generated[0])
+        logger.debug("code without a source file ran during the check (%s): it is not kept", generated[0])
         files.clear()

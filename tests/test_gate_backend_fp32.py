@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.backends import BACKENDS
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
 from qbench.cli_app import main
+from qbench.export.triton import GateVerdict, gate_verdict
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
 from qbench.recipe import GateSpec
 from qbench.report_frontier import frontier_text
@@ -118,6 +119,24 @@ def test_a_later_fp32_that_cannot_be_judged_leaves_its_backend_unjudged():
     assert report.exit_code == EXIT_UNUSABLE
     assert f"fp32@{SECOND}: slice 'half=b' missing from the results" in report.problems
     assert report.status_of("int8", SECOND) == "fail"
+
+
+def test_a_variant_failing_with_its_backends_unjudged_fp32_alone_says_why():
+    """The first backend's FP32 failed: FP32 on the second cannot be judged against it, and int8 there, with no
+    breach or problem of its own, fails with it. Its MLflow reasons said 'none' and its Triton refusal gave no
+    reason; both now name FP32's problem."""
+    logits, _ = _logits()
+    raw = json.loads(to_json(_results(logits.copy())))
+    raw["variants"][0].update(status="failed", accuracy=None, error="out of memory")
+    report = evaluate_gate(from_dict(raw), SPEC)
+    problem = f"fp32@{SECOND}: no usable FP32 reference on {FIRST}"
+    assert report.exit_code == EXIT_UNUSABLE and problem in report.problems
+    assert report.status_of("int8", SECOND) == "fail"
+    tags = gate_tags(report, f"int8@{SECOND}")
+    assert (tags[GATE_TAG], tags[GATE_REASONS_TAG]) == ("fail", f"UNUSABLE {problem} (fail closed)")
+    assert gate_tags(report, f"fp32@{SECOND}")[GATE_REASONS_TAG] == f"UNUSABLE {problem} (fail closed)"  # once
+    assert gate_verdict(report, "int8", SECOND, reference="fp32") == GateVerdict("fail", problem)
+    assert report.fp32_problems(SECOND) == [problem] and report.fp32_problems(FIRST) == []
 
 
 def test_results_of_several_backends_without_fp32_drops_are_refused_one_backend_needs_none():

@@ -179,6 +179,31 @@ def test_a_top_k_of_a_constant_k_and_a_count_reduced_away_pass(tmp_path: Path) -
     assert unfixed_length(tmp_path / "summed" / "m.onnx", ["top"]) is not None  # the TopK's own output does vary
 
 
+def test_an_output_of_the_inputs_shape_passes_whatever_its_exporter_named_its_dims(tmp_path: Path) -> None:
+    """y = x with its positive values square-rooted in place, through NonZero, GatherND and ScatterND (tf2onnx's
+    boolean_mask update): [N, 4] whatever the data, each row its own. Declared [unk__7, 4] (tf2onnx names each dim it
+    does not know so), a name no input has, it was refused as a length the data sets; inferred from the inputs, its
+    length is the batch's. The NonZero's own output is still refused."""
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["positive"]),
+             helper.make_node("NonZero", ["positive"], ["where"], name="nonzero"),
+             helper.make_node("Transpose", ["where"], ["index"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "index"], ["picked"]),
+             helper.make_node("Sqrt", ["picked"], ["rooted"]),
+             helper.make_node("ScatterND", ["x", "index", "rooted"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["unk__7", 4]),
+                               helper.make_tensor_value_info("where", TensorProto.INT64, [2, "unk__8"])],
+                              [numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    x = np.array([[1, -4, 9, 0], [4, 16, -1, 25]], np.float32)
+    y = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    assert y.tolist() == [[1, -4, 3, 0], [2, 4, -1, 5]]
+    assert unfixed_length(tmp_path / "m.onnx", ["y"]) is None
+    assert unfixed_length(tmp_path / "m.onnx", ["where"]).startswith("output 'where' is computed through NonZero 'nonzero'")
+
+
 def _top_of_shape(axis: int) -> onnx.ModelProto:
     """x [batch, 20] -> TopK of K = min(10, x's length on `axis`), through Shape, Slice and Min as exporters write
     K = min(k, x.size(axis)): 10 for the 20 columns (onnx's own inference does not fold the Min), the batch's rows

@@ -98,3 +98,19 @@ def test_other_weights_in_an_external_data_file_run_the_check_again(tmp_path: Pa
         _check(tmp_path, model, {"x": ROWS})
     assert saved[0] == saved[1]  # only m.data tells the two apart
     assert sessions == [model, model]
+
+
+def test_a_verdict_that_cannot_be_kept_is_warned_about_naming_the_row_check(
+    tmp_path: Path, sessions: list[Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache that cannot be written (its folder a file): the pass is not kept, and the warning names the check that
+    runs again. It said 'the export check's verdict ... the next sweep checks the export again' of an ONNX model that
+    no export made."""
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "not-a-folder"))
+    model = _linear(tmp_path / "m.onnx")
+    with caplog.at_level("WARNING", logger="qbench"):
+        _check(tmp_path, model, {"x": ROWS})
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert "export" not in warning
+    assert warning.endswith("; the next sweep runs the row-independence check on 8 evaluation rows again")

@@ -98,7 +98,9 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
         worst = max(breaches, key=lambda c: c.drop - c.tolerance)
         worst_text = f"worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}"
         return GateVerdict(status, f"{len(breaches)} breach(es), {worst_text}")
-    return GateVerdict(status, report.fp32_differs().get(backend, "") if status == "fail" else "")
+    # failed with its backend's FP32 alone: that FP32 differs from the first backend's, or cannot be judged
+    inherited = [*filter(None, [report.fp32_differs().get(backend)]), *report.fp32_problems(backend)]
+    return GateVerdict(status, inherited[0] if status == "fail" and inherited else "")
 
 
 def _refusal(key: str, verdict: GateVerdict) -> str:

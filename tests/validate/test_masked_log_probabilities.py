@@ -1,8 +1,8 @@
 """Log-probabilities with -inf for classes a row may not take (log_softmax after a -inf mask, a classifier head
 masking the classes a row's category does not allow) are scored, not refused: -inf is a class ruled out on that row.
 The arg-max, agreement and KL are defined over the classes left; a variant whose -inf positions differ from FP32's on
-a row fails there (a NaN/inf row of its own, which the gate breaches on); a mask at the same positions on every row
-is still refused by the dry run (tests/validate/test_dry_run_masked_outputs.py)."""
+a row fails there (a NaN/inf row of its own, which the gate breaches on); a mask of every class on every row is
+still refused by the dry run (tests/validate/test_dry_run_masked_outputs.py)."""
 
 from __future__ import annotations
 
@@ -176,3 +176,15 @@ def test_a_log_softmax_after_a_per_row_mask_is_swept_and_passes(tmp_path: Path, 
         values = figures["overall"]["metrics"]
         assert all(math.isfinite(values[m]) for m in ("accuracy", "agreement", "kl_mean", "max_abs_error")), name
         assert all(math.isfinite(s) for s in figures["overall"]["spread"].values()), name
+
+
+def test_a_per_row_mask_passes_the_dry_run_whatever_the_order_of_the_evaluation_rows(tmp_path: Path, capsys):
+    """The same model and rows with the evaluation rows sorted by category: the dry run's first 8 rows all rule out
+    the same class (class 2, category 0). `qbench validate` refused it (exit 2) as a mask 'written wrong, built from a
+    constant, not from the row', while the rows in another order swept and passed; now it passes either way."""
+    recipe, *_ = _project(tmp_path)
+    table = pd.read_parquet(tmp_path / "rows.parquet")
+    evaluated = table[table["split"] == "eval"].sort_values("category", kind="stable")
+    pd.concat([table[table["split"] == "calib"], evaluated]).to_parquet(tmp_path / "rows.parquet")
+    assert (evaluated["category"].to_numpy()[:8] == 0).all()
+    assert main(["validate", str(recipe)]) == 0, capsys.readouterr().err
