@@ -68,7 +68,8 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     from input shapes alone (a Shape and arithmetic, which onnx does not fold past Min or Div) is computed here with
     every input length set to 7 and then 11: one value both times is a constant; K = min(10, the batch) is not."""
     try:
-        model = infer_shapes(read_onnx(path), data_prop=True)
+        read = read_onnx(path)
+        model = _kept_axes(read, infer_shapes(read, data_prop=True))
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer: the rows check still compares the rows' lengths
         return None
     graph = model.graph
@@ -100,6 +101,38 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     return (f"output {output!r} is computed through {node.op_type} {which}{how}, whose output length is neither a "
             "constant nor a length of the inputs (the batch, a padded sequence), so it may change from row to row or "
             f"batch to batch however the dry run's rows came out: {VARIABLE_SHAPE}")
+
+
+def _kept_axes(read: Any, inferred: Any) -> Any:
+    """`inferred` (onnx's inference of the model `read`) again, told that a TopK keeps every axis of its input but its
+    own, which onnx's inference drops where K is computed (the batch included), and with the graph outputs' axes
+    named otherwise than the inputs' (an exporter's 'ReduceSums_dim_0') left to it: a TopK's values summed per row are
+    then [batch]. `inferred` itself where the graph has no such TopK."""
+    import onnx
+
+    types = {value.name: value.type.tensor_type for value in (*inferred.graph.value_info, *inferred.graph.input)}
+    told = []
+    for node in inferred.graph.node:
+        source = types.get(node.input[0]) if node.op_type == "TopK" and node.input else None
+        if source is None or not source.HasField("shape"):
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % max(len(source.shape.dim), 1)
+        dims = [None if index == axis else dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
+                for index, dim in enumerate(source.shape.dim)]  # fmt: skip
+        told += [onnx.helper.make_tensor_value_info(name, elem, dims)
+                 for name, elem in zip(node.output, (source.elem_type, onnx.TensorProto.INT64)) if name]  # fmt: skip
+    if not told:
+        return inferred
+    named = {dim.dim_param for value in read.graph.input for dim in value.type.tensor_type.shape.dim if dim.dim_param}
+    model = onnx.ModelProto()
+    model.CopyFrom(read)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(told)
+    for value in model.graph.output:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param and dim.dim_param not in named:
+                dim.ClearField("dim_param")
+    return infer_shapes(model, data_prop=True)
 
 
 def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:
