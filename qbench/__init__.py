@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _LAZY = {
     "load_recipe": "qbench.recipe",
     "run_sweep": "qbench.sweep",
-    "run_gate": "qbench.gate",
+    "run_gate": "qbench.gate_run",
     "QbenchError": "qbench.errors",
 }
 

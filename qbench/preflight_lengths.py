@@ -72,11 +72,12 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     try:
         read = read_onnx(path)
         # an output's shape as its exporter declared it, and as inferred from the inputs: a name the exporter gave
-        # its dims (tf2onnx's unk__N, another name for the batch) says nothing of where their length comes from
+        # its dims (tf2onnx's unk__N, torch's ReduceSums_dim_0, another name for the batch) says nothing of where
+        # their length comes from
         declared = {value.name: _copied(value.type.tensor_type) for value in read.graph.output}
         for value in read.graph.output:
             value.type.tensor_type.ClearField("shape")
-        model = infer_shapes(read, data_prop=True)
+        model = _kept_axes(read, infer_shapes(read, data_prop=True))
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer: the rows check still compares the rows' lengths
         return None
     graph = model.graph
@@ -117,6 +118,33 @@ def _copied(typed: Any) -> Any:
     copy = type(typed)()
     copy.CopyFrom(typed)
     return copy
+
+
+def _kept_axes(read: Any, inferred: Any) -> Any:
+    """`inferred` (onnx's inference of the model `read`) again, told that a TopK keeps every axis of its input but its
+    own, which onnx's inference drops where K is computed (the batch included): a TopK's values summed per row are
+    then [batch]. `inferred` itself where the graph has no such TopK. `read`'s outputs carry no shape (the caller
+    cleared them), so the inference gives theirs."""
+    import onnx
+
+    types = {value.name: value.type.tensor_type for value in (*inferred.graph.value_info, *inferred.graph.input)}
+    told = []
+    for node in inferred.graph.node:
+        source = types.get(node.input[0]) if node.op_type == "TopK" and node.input else None
+        if source is None or not source.HasField("shape"):
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), -1) % max(len(source.shape.dim), 1)
+        dims = [None if index == axis else dim.dim_value if dim.HasField("dim_value") else dim.dim_param or None
+                for index, dim in enumerate(source.shape.dim)]  # fmt: skip
+        told += [onnx.helper.make_tensor_value_info(name, elem, dims)
+                 for name, elem in zip(node.output, (source.elem_type, onnx.TensorProto.INT64)) if name]  # fmt: skip
+    if not told:
+        return inferred
+    model = onnx.ModelProto()
+    model.CopyFrom(read)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(told)
+    return infer_shapes(model, data_prop=True)
 
 
 def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:

@@ -30,6 +30,18 @@ def test_import_qbench_loads_no_heavy_sdk():
     assert imported_after("import qbench") == []
 
 
+def test_every_entry_point_the_package_names_resolves_to_that_function():
+    """README's notebook example imports these from `qbench`; `qbench.run_gate` once named a module lacking it."""
+    import qbench
+    from qbench.errors import QbenchError
+    from qbench.gate_run import run_gate
+    from qbench.recipe import load_recipe
+    from qbench.sweep import run_sweep
+
+    expected = {"load_recipe": load_recipe, "run_sweep": run_sweep, "run_gate": run_gate, "QbenchError": QbenchError}
+    assert {name: getattr(qbench, name) for name in qbench.__all__ if name != "__version__"} == expected
+
+
 def test_recipe_gate_and_registries_load_no_heavy_sdk():
     statement = "import qbench.recipe, qbench.gate, qbench.cli, qbench.variants, qbench.backends, qbench.results"
     assert imported_after(statement) == []

@@ -204,6 +204,28 @@ def test_an_output_of_the_inputs_shape_passes_whatever_its_exporter_named_its_di
     assert unfixed_length(tmp_path / "m.onnx", ["where"]).startswith("output 'where' is computed through NonZero 'nonzero'")
 
 
+def test_a_count_reduced_away_passes_where_the_export_left_its_length_unnamed(tmp_path: Path) -> None:
+    """torch.onnx.export with dynamic_axes on the input alone names the output's axis 'ReduceSums_dim_0', and onnx's
+    inference drops every axis of a TopK whose K is computed, the batch included: a [batch] output was refused as of
+    a length the data sets. A TopK keeps every axis of its input but its own, so the sum per row is [batch]."""
+    summed = _top_of_batch()
+    summed.graph.node.append(helper.make_node("ReduceSum", ["top", "one"], ["total"], keepdims=0))
+    summed.graph.output.pop()
+    summed.graph.output.append(helper.make_tensor_value_info("total", TensorProto.FLOAT, ["ReduceSums_dim_0"]))
+    kept = _top_of_batch()
+    kept.graph.node.append(helper.make_node("ReduceSum", ["top", "zero_axis"], ["total"], keepdims=0))
+    kept.graph.initializer.extend(_constants(zero_axis=[0]))
+    kept.graph.output.pop()
+    kept.graph.output.append(helper.make_tensor_value_info("total", TensorProto.FLOAT, ["ReduceSums_dim_0"]))
+    for name, model in (("summed", summed), ("kept", kept)):
+        (tmp_path / name).mkdir()
+        onnx.save(model, str(tmp_path / name / "m.onnx"))
+    assert unfixed_length(tmp_path / "summed" / "m.onnx", ["total"]) is None
+    assert unfixed_length(tmp_path / "summed" / "m.onnx", ["top"]) is not None  # the TopK's own output does vary
+    # summed over the rows instead, the K values remain: still refused
+    assert unfixed_length(tmp_path / "kept" / "m.onnx", ["total"]).startswith("output 'total' is computed through TopK")
+
+
 def _top_of_shape(axis: int) -> onnx.ModelProto:
     """x [batch, 20] -> TopK of K = min(10, x's length on `axis`), through Shape, Slice and Min as exporters write
     K = min(k, x.size(axis)): 10 for the 20 columns (onnx's own inference does not fold the Min), the batch's rows

@@ -211,7 +211,8 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     )
 
 
-EXAMPLE_VALUES = "floats uniform in [0, 1), integers 0, masks and bools 1 but at the last position"  # _example_inputs
+EXAMPLE_VALUES = ("floats uniform in [0, 1), integers 0, uint8 pixels uniform in 0..255, masks and bools 1 but at the "
+                  "last position")  # _example_inputs
 
 
 def _holds_ids(name: str, dtype: str) -> bool:

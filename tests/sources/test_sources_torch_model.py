@@ -1012,9 +1012,19 @@ def test_a_forward_refusing_the_examples_values_is_told_what_they_hold_and_the_w
     recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_needs_end_token"})
     error = _load_error(recipe)
     assert error.field == "model.example_inputs" and "\n" not in str(error)
-    assert "{'features': [2, 4]} (floats uniform in [0, 1), integers 0, masks and bools 1 but at the last" in error.detail
+    assert "{'features': [2, 4]} (floats uniform in [0, 1), integers 0, uint8 pixels uniform in 0..255, masks and bools 1" \
+           " but at the last" in error.detail
     assert "ValueError: Each example must contain at least one <eos> token." in error.detail
     assert "export it to ONNX yourself on real rows and give model.path" in error.detail
+
+
+def test_a_forward_refusing_uint8_examples_is_told_they_hold_pixels_not_zeros(project: Path) -> None:
+    """uint8 inputs are fed pixels uniform in 0..255, not the zeros of other integers: the line said "integers 0"
+    of an image model fed uint8, which is not what it ran on."""
+    recipe = _write_recipe(project.parent, {"input_dtypes": {"features": "uint8"}})
+    error = _load_error(recipe)
+    assert error.field == "model.example_inputs" and "\n" not in str(error)
+    assert "(floats uniform in [0, 1), integers 0, uint8 pixels uniform in 0..255, masks and bools 1 but" in error.detail
 
 
 # -- the demo's PyTorch-source recipe ---------------------------------------------------------------
