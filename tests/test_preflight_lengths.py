@@ -1,0 +1,93 @@
+"""Lengths the data does not set, as models ship them, are not refused by the graph rule (qbench.preflight_lengths):
+a count computed from constants alone (a TopK's K read off a weight's shape, NonZero of a constant mask picking
+columns) and a TopK over a padded sequence's whole length. Each was refused (exit 2) by the rule merged with it,
+though onnxruntime gives every row, alone or in any batch, the same width; a K the batch sets is still refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.preflight_lengths import unfixed_length
+
+FEATURES = 8
+WEIGHT = numpy_helper.from_array(np.random.default_rng(0).normal(size=(FEATURES, 5)).astype(np.float32), "w")
+
+
+def _int64(name: str, values: object) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array(values, np.int64), name)
+
+
+def _saved(path: Path, nodes: list, dims: list, constants: list) -> Path:
+    """x [batch, dims...] -> `nodes` -> v [batch, ?] (its width left unnamed, as exporters often leave it)."""
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *dims])],
+                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", None])], constants)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def _widths(path: Path, shapes: list[tuple[int, ...]]) -> set[int]:
+    """The output widths onnxruntime gives for random inputs of `shapes`."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    return {session.run(None, {"x": rng.normal(size=shape).astype(np.float32)})[0].shape[1] for shape in shapes}
+
+
+def _weight_top_k(tmp_path: Path) -> Path:
+    """TopK of x @ w with K = w's second dimension (5), read through Shape and Gather."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("Shape", ["w"], ["shape"]),
+             helper.make_node("Gather", ["shape", "one"], ["width"], axis=0),
+             helper.make_node("Unsqueeze", ["width", "axes"], ["k"]),
+             helper.make_node("TopK", ["s", "k"], ["v", "where"], axis=1, name="top")]  # fmt: skip
+    return _saved(tmp_path / "top.onnx", nodes, [FEATURES], [WEIGHT, _int64("one", 1), _int64("axes", [0])])
+
+
+def _picked_columns(tmp_path: Path, mask: str) -> Path:
+    """x @ w's columns where `mask` is nonzero: a constant [1, 0, 1, 1, 0] or the first row of x @ w above 0."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]),
+             helper.make_node("Gather", ["s", "zero"], ["first"], axis=0),
+             helper.make_node("Greater", ["first", "nought"], ["row_mask"]),
+             helper.make_node("NonZero", [mask], ["nonzero"]), helper.make_node("Squeeze", ["nonzero", "axes"], ["picked"]),
+             helper.make_node("Gather", ["s", "picked"], ["v"], axis=1)]  # fmt: skip
+    constants = [WEIGHT, numpy_helper.from_array(np.array([1, 0, 1, 1, 0], np.bool_), "mask"), _int64("zero", 0),
+                 _int64("axes", [0]), numpy_helper.from_array(np.array(0.0, np.float32), "nought")]  # fmt: skip
+    return _saved(tmp_path / f"{mask}.onnx", nodes, [FEATURES], constants)
+
+
+def test_a_length_computed_from_constants_alone_passes_and_from_the_rows_is_refused(tmp_path: Path) -> None:
+    """K = w.shape[1] (5) and NonZero of a constant 5-value mask (3 columns): refused as lengths the data sets, though
+    onnxruntime gives 5 and 3 columns for batches of 1, 8 and 32. NonZero of the first row's positive scores does
+    vary (2 to 5 columns here), and is still refused."""
+    top, constant, rows = _weight_top_k(tmp_path), _picked_columns(tmp_path, "mask"), _picked_columns(tmp_path, "row_mask")
+    batches = [(1, FEATURES), (8, FEATURES), (32, FEATURES)]
+    assert _widths(top, batches) == {5} and _widths(constant, batches) == {3}
+    assert len(_widths(rows, [(1, FEATURES)] * 20)) > 1
+    assert unfixed_length(top, ["v"]) is None
+    assert unfixed_length(constant, ["v"]) is None
+    assert unfixed_length(rows, ["v"]).startswith("output 'v' is computed through NonZero node making 'nonzero', whose "
+                                                  "output length is neither a constant nor a length of the inputs")
+
+
+def _sorted_by(tmp_path: Path, axis: int) -> Path:
+    """x [batch, seq] -> TopK over axis 1 of K = x's length on `axis`: each row sorted, its padded length (1) or the
+    batch's rows (0)."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Slice", ["shape", "start", "stop"], ["k"]),
+             helper.make_node("TopK", ["x", "k"], ["v", "where"], axis=1, name="sort")]  # fmt: skip
+    return _saved(tmp_path / f"{axis}.onnx", nodes, ["seq"], [_int64("start", [axis]), _int64("stop", [axis + 1])])
+
+
+def test_a_sort_over_the_padded_sequence_passes_and_over_the_batch_is_refused(tmp_path: Path) -> None:
+    """K = the sequence's length: a row of 6 gives 6 values alone or among 8 or 32 rows; it was refused (K differs
+    at lengths 7 and 11, and the output's width is unnamed). K = the batch's rows is a length the batch sets."""
+    sequence, batch = _sorted_by(tmp_path, 1), _sorted_by(tmp_path, 0)
+    assert _widths(sequence, [(1, 6), (8, 6), (32, 6)]) == {6} and _widths(batch, [(1, 6), (4, 6)]) == {1, 4}
+    assert unfixed_length(sequence, ["v"]) is None
+    assert unfixed_length(batch, ["v"]).startswith("output 'v' is computed through TopK 'sort' (its count, 'k', is "
+                                                   "computed), whose output length is neither a constant nor a length")
