@@ -36,7 +36,8 @@ _SHAPE_ARITHMETIC = frozenset({"Constant", "Identity", "Cast", "Gather", "Slice"
 
 def length_varying_nodes(graph: Any, output: str) -> list[Any]:
     """The nodes `output` is computed through (nearest first) whose output length may depend on the values fed:
-    Compress, NonMaxSuppression, NonZero, Unique, and a TopK or Loop whose count is not a constant."""
+    Compress, NonMaxSuppression, NonZero, Unique, a TopK or Loop whose count is not a constant, and a Loop whose
+    condition may stop it before its count."""
     producers = {out: node for node in graph.node for out in node.output}
     constants = {node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
     constants |= {tensor.name for tensor in graph.initializer}
@@ -47,7 +48,8 @@ def length_varying_nodes(graph: Any, output: str) -> list[Any]:
             continue
         counted = _COUNTED_OPS.get(node.op_type)
         if node.op_type in _VARIABLE_OPS or (counted is not None and (len(node.input) <= counted or node.input[counted]
-                                                                        not in constants)):  # fmt: skip
+                                                                        not in constants)) or (  # fmt: skip
+                node.op_type == "Loop" and not _runs_its_count(node, constants)):
             found.append(node)
         waiting.extend(name for name in node.input if name)
     return found
@@ -89,6 +91,8 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
             dim.HasField("dim_value") or dim.dim_param in named for dim in typed.shape.dim)
 
     def varies(node: Any) -> bool:
+        if node.op_type == "Loop" and not _runs_its_count(node, constant):  # it may stop early: its count bounds it
+            return not fixed(node.output[0])
         # a length computed from constants alone is one (NonZero of a constant mask picks the same columns every
         # row); a Loop without a count is not
         indices = _LENGTH_INPUTS.get(node.op_type, range(len(node.input)))
@@ -106,8 +110,10 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     if node is None:
         return None
     counted = _COUNTED_OPS.get(node.op_type)
-    how = "" if counted is None else f" (its count, {node.input[counted] if len(node.input) > counted else 'unset'!r}, " \
-        "is computed)"
+    count = node.input[counted] if counted is not None and len(node.input) > counted else "unset"
+    how = "" if counted is None else f" (its count, {count!r}, is computed)"
+    if node.op_type == "Loop" and count in constant:
+        how = f" (its count, {count!r}, is a constant, but its condition may stop it sooner)"
     which = repr(node.name) if node.name else f"node making {node.output[0]!r}"
     return (f"output {output!r} is computed through {node.op_type} {which}{how}, whose output length is neither a "
             "constant nor a length of the inputs (the batch, a padded sequence), so it may change from row to row or "
@@ -127,6 +133,23 @@ def _constant_tensors(graph: Any) -> set[str]:
         if node.op_type == "Constant" or (node.input and all(not name or name in constant for name in node.input)):
             constant.update(name for name in node.output if name)
     return constant
+
+
+def _runs_its_count(loop: Any, constant: set[str]) -> bool:
+    """Whether the Loop runs as many iterations as the same inputs' shapes give it every batch: its first condition
+    unset or a constant, and its body's condition its input passed on (through Identity or Cast) or a constant of the
+    body or of the graph around it (as torch's export writes `for i in range(n)`). A condition the body computes from
+    values (stop once converged) ends it after as many iterations as the data sets."""
+    if len(loop.input) > 1 and loop.input[1] and loop.input[1] not in constant:
+        return False
+    body = next((a.g for a in loop.attribute if a.name == "body"), None)
+    if body is None or len(body.input) < 2 or not body.output:
+        return False
+    producers = {out: node for node in body.node for out in node.output}
+    kept = body.output[0].name
+    while kept in producers and producers[kept].op_type in ("Identity", "Cast"):
+        kept = producers[kept].input[0]
+    return kept == body.input[1].name or kept in constant or kept in _constant_tensors(body)
 
 
 def _constant_count(model: Any, count: str, shapes: dict[str, Any], per_row: set[str] = frozenset()) -> bool:

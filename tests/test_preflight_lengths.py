@@ -25,7 +25,8 @@ def _int64(name: str, values: object) -> onnx.TensorProto:
 def _saved(path: Path, nodes: list, dims: list, constants: list) -> Path:
     """x [batch, dims...] -> `nodes` -> v [batch, ?] (its width left unnamed, as exporters often leave it)."""
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *dims])],
-                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", None])], constants)  # fmt: skip
+                              [helper.make_tensor_value_info("v", TensorProto.FLOAT, ["batch", None])],
+                              constants)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -54,7 +55,8 @@ def _picked_columns(tmp_path: Path, mask: str) -> Path:
     nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]),
              helper.make_node("Gather", ["s", "zero"], ["first"], axis=0),
              helper.make_node("Greater", ["first", "nought"], ["row_mask"]),
-             helper.make_node("NonZero", [mask], ["nonzero"]), helper.make_node("Squeeze", ["nonzero", "axes"], ["picked"]),
+             helper.make_node("NonZero", [mask], ["nonzero"]),
+             helper.make_node("Squeeze", ["nonzero", "axes"], ["picked"]),
              helper.make_node("Gather", ["s", "picked"], ["v"], axis=1)]  # fmt: skip
     constants = [WEIGHT, numpy_helper.from_array(np.array([1, 0, 1, 1, 0], np.bool_), "mask"), _int64("zero", 0),
                  _int64("axes", [0]), numpy_helper.from_array(np.array(0.0, np.float32), "nought")]  # fmt: skip
@@ -65,7 +67,8 @@ def test_a_length_computed_from_constants_alone_passes_and_from_the_rows_is_refu
     """K = w.shape[1] (5) and NonZero of a constant 5-value mask (3 columns): refused as lengths the data sets, though
     onnxruntime gives 5 and 3 columns for batches of 1, 8 and 32. NonZero of the first row's positive scores does
     vary (2 to 5 columns here), and is still refused."""
-    top, constant, rows = _weight_top_k(tmp_path), _picked_columns(tmp_path, "mask"), _picked_columns(tmp_path, "row_mask")
+    top, constant = _weight_top_k(tmp_path), _picked_columns(tmp_path, "mask")
+    rows = _picked_columns(tmp_path, "row_mask")
     batches = [(1, FEATURES), (8, FEATURES), (32, FEATURES)]
     assert _widths(top, batches) == {5} and _widths(constant, batches) == {3}
     assert len(_widths(rows, [(1, FEATURES)] * 20)) > 1
@@ -91,3 +94,38 @@ def test_a_sort_over_the_padded_sequence_passes_and_over_the_batch_is_refused(tm
     assert unfixed_length(sequence, ["v"]) is None
     assert unfixed_length(batch, ["v"]).startswith("output 'v' is computed through TopK 'sort' (its count, 'k', is "
                                                    "computed), whose output length is neither a constant nor a length")
+
+
+def _loop(tmp_path: Path, kind: str) -> Path:
+    """A Loop of a constant 5 iterations scanning each row's sum times the iteration, [batch, iterations]; its body's
+    condition, `kind`: 'stops' (iteration < the batch's largest value: stop once converged), 'cin' (its input passed
+    on) or 'true' (the graph's constant true passed on, as torch exports `for i in range(n)`)."""
+    at = helper.make_node("Cast", ["it"], ["at"], to=TensorProto.FLOAT)
+    condition = [at, helper.make_node("ReduceMax", ["x"], ["largest"], keepdims=0),
+                 helper.make_node("Less", ["at", "largest"], ["cout"])] if kind == "stops" else [
+                 helper.make_node("Identity", [kind], ["cout"]), at]  # fmt: skip
+    body = helper.make_graph([*condition, helper.make_node("Mul", ["x", "at"], ["scaled"]),
+                              helper.make_node("ReduceSum", ["scaled", "axes"], ["scan"], keepdims=0)], "body",
+                             [helper.make_tensor_value_info("it", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("cin", TensorProto.BOOL, [])],
+                             [helper.make_tensor_value_info("cout", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("scan", TensorProto.FLOAT, ["batch"])],
+                             [_int64("axes", [1])])  # fmt: skip
+    nodes = [helper.make_node("Loop", ["five", "true"], ["scans"], body=body, name="steps"),
+             helper.make_node("Transpose", ["scans"], ["v"], perm=[1, 0])]  # fmt: skip
+    return _saved(tmp_path / f"loop_{kind}.onnx", nodes, [4], [_int64("five", 5),
+                  numpy_helper.from_array(np.array(True), "true")])  # fmt: skip
+
+
+def test_a_loop_of_a_constant_count_that_its_condition_stops_sooner_is_refused(tmp_path: Path) -> None:
+    """Its count is the constant 5, so the rule took its length for a constant: onnxruntime gives 2, 4 and 5
+    iterations for batches whose largest value is 0.5, 2.5 and 10. Refused now, naming the Loop; the same Loop whose
+    condition is passed on (its own, or a constant of the graph) runs 5 every time and passes."""
+    stops, runs, torch_like = _loop(tmp_path, "stops"), _loop(tmp_path, "cin"), _loop(tmp_path, "true")
+    session = ort.InferenceSession(str(stops), providers=["CPUExecutionProvider"])
+    assert [session.run(None, {"x": np.full((2, 4), v, np.float32)})[0].shape[1] for v in (0.5, 2.5, 10)] == [2, 4, 5]
+    assert _widths(runs, [(1, 4), (8, 4)]) == _widths(torch_like, [(1, 4), (8, 4)]) == {5}
+    assert unfixed_length(stops, ["v"]).startswith(
+        "output 'v' is computed through Loop 'steps' (its count, 'five', is a constant, but its condition may stop it "
+        "sooner), whose output length is neither a constant nor a length of the inputs")
+    assert unfixed_length(runs, ["v"]) is None and unfixed_length(torch_like, ["v"]) is None
