@@ -392,7 +392,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
         if raised and judged:  # the custom metric raised here (for FP32 or the variant): unusable, never a pass
             problems.append(f"metric {spec.metric!r} cannot be judged on {own_scope.name}: {raised}")
             continue
-        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0)
+        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0,
+                       either_way=against != backend)  # fmt: skip
         if check is not None:
             checks.append(check)
             distinct = results.distinct_inputs.get(own_scope.name)  # copies of an input are no more evidence
@@ -438,10 +439,13 @@ def too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
 
 def _check(
     variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float,
-    *, explained: bool = False,
+    *, explained: bool = False, either_way: bool = False,
 ) -> GateCheck | None:
     """One metric check; None when it cannot be judged. `explained`: the variant has more NaN/inf outputs
-    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results. A slice too
+    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results. `either_way`: FP32
+    on a later backend against the first's, where a gain beyond the tolerance breaches as a loss does: the same model
+    scoring 0.9 on one backend and 0.878 on the first says one of them computes it wrong, and the first's variants,
+    judged against its FP32, passed with it. A slice too
     small to judge, or one where the data leaves the metric undefined for FP32 too, is a skipped check saying why
     (never a pass); on the overall scope an undefined metric leaves nothing to judge (None)."""
     ref_value = ref.metrics.get(spec.metric, math.nan)
@@ -456,7 +460,8 @@ def _check(
     elif not finite and not (explained and math.isfinite(ref_value)):
         return None
     else:
-        status = "pass" if within(observed_drop, tolerance, ref_value, value) else "breach"
+        status = "pass" if within(abs(observed_drop) if either_way else observed_drop, tolerance, ref_value,
+                                  value) else "breach"  # fmt: skip
         return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,
                          own.judged_count(spec.metric), status)  # fmt: skip
     return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,

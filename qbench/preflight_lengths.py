@@ -17,13 +17,17 @@ import numpy as np
 
 from qbench.modelinfo_classes import each_once
 from qbench.onnx_read import infer_shapes, read_onnx
+from qbench.preflight_random import RANDOM_OPS
 from qbench.validate.outputs import VARIABLE_SHAPE
 
 # Ops whose output length depends on the values fed (TopK and Loop only where their count is not a constant).
 _VARIABLE_OPS = frozenset({"Compress", "NonMaxSuppression", "NonZero", "Unique"})
 _COUNTED_OPS = {"TopK": 1, "Loop": 0}  # op -> the input holding its count
+# op -> the inputs its output length is computed from, where not all of them (Compress keeps what its condition says)
+_LENGTH_INPUTS = {**{op: (index,) for op, index in _COUNTED_OPS.items()}, "Compress": (1,)}
 _SHAPE_OPS = frozenset({"Shape", "Size"})
 _TRIED_LENGTHS = (7, 11)  # what each input length a count is computed from is set to, in turn
+_HELD = 13  # what a per-row input length (a padded sequence's) is held at meanwhile
 # Ops a count computed from shapes goes through (a Shape's length picked, bounded, combined).
 _SHAPE_ARITHMETIC = frozenset({"Constant", "Identity", "Cast", "Gather", "Slice", "Concat", "Squeeze", "Unsqueeze",
                                "Reshape", "Add", "Sub", "Mul", "Div", "Mod", "Min", "Max", "Neg", "Abs", "Floor",
@@ -32,7 +36,8 @@ _SHAPE_ARITHMETIC = frozenset({"Constant", "Identity", "Cast", "Gather", "Slice"
 
 def length_varying_nodes(graph: Any, output: str) -> list[Any]:
     """The nodes `output` is computed through (nearest first) whose output length may depend on the values fed:
-    Compress, NonMaxSuppression, NonZero, Unique, and a TopK or Loop whose count is not a constant."""
+    Compress, NonMaxSuppression, NonZero, Unique, a TopK or Loop whose count is not a constant, and a Loop whose
+    condition may stop it before its count."""
     producers = {out: node for node in graph.node for out in node.output}
     constants = {node.output[0] for node in graph.node if node.op_type == "Constant" and node.output}
     constants |= {tensor.name for tensor in graph.initializer}
@@ -43,7 +48,8 @@ def length_varying_nodes(graph: Any, output: str) -> list[Any]:
             continue
         counted = _COUNTED_OPS.get(node.op_type)
         if node.op_type in _VARIABLE_OPS or (counted is not None and (len(node.input) <= counted or node.input[counted]
-                                                                        not in constants)):  # fmt: skip
+                                                                        not in constants)) or (  # fmt: skip
+                node.op_type == "Loop" and not _runs_its_count(node, constants)):
             found.append(node)
         waiting.extend(name for name in node.input if name)
     return found
@@ -82,9 +88,11 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
         return None
     graph = model.graph
     initializers = {tensor.name for tensor in graph.initializer}
-    named = {dim.dim_param for value in graph.input if value.name not in initializers
-             for dim in value.type.tensor_type.shape.dim if dim.dim_param}  # fmt: skip
+    fed = [value.type.tensor_type.shape.dim for value in graph.input if value.name not in initializers]
+    named = {dim.dim_param for dims in fed for dim in dims if dim.dim_param}
+    batch = {dims[0].dim_param for dims in fed if dims and dims[0].dim_param}
     shapes = {value.name: value.type.tensor_type for value in (*graph.value_info, *graph.output, *graph.input)}
+    constant = _constant_tensors(graph)
 
     def fixed_type(typed: Any) -> bool:
         return typed is not None and typed.HasField("shape") and all(
@@ -94,8 +102,16 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
         return fixed_type(shapes.get(name)) or fixed_type(declared.get(name))
 
     def varies(node: Any) -> bool:
+        if node.op_type == "Loop" and not _runs_its_count(node, constant):  # it may stop early: its count bounds it
+            return not fixed(node.output[0])
+        # a length computed from constants alone is one (NonZero of a constant mask picks the same columns every
+        # row); a Loop without a count is not
+        indices = _LENGTH_INPUTS.get(node.op_type, range(len(node.input)))
+        if all(i < len(node.input) and node.input[i] in constant for i in indices):
+            return False
         counted = _COUNTED_OPS.get(node.op_type)
-        if counted is not None and len(node.input) > counted and _constant_count(model, node.input[counted], shapes):
+        if counted is not None and len(node.input) > counted and _constant_count(model, node.input[counted], shapes,
+                                                                                  named - batch):  # fmt: skip
             return False
         return not fixed(node.output[0])
 
@@ -105,8 +121,10 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     if node is None:
         return None
     counted = _COUNTED_OPS.get(node.op_type)
-    how = "" if counted is None else f" (its count, {node.input[counted] if len(node.input) > counted else 'unset'!r}, " \
-        "is computed)"
+    count = node.input[counted] if counted is not None and len(node.input) > counted else "unset"
+    how = "" if counted is None else f" (its count, {count!r}, is computed)"
+    if node.op_type == "Loop" and count in constant:
+        how = f" (its count, {count!r}, is a constant, but its condition may stop it sooner)"
     which = repr(node.name) if node.name else f"node making {node.output[0]!r}"
     return (f"output {output!r} is computed through {node.op_type} {which}{how}, whose output length is neither a "
             "constant nor a length of the inputs (the batch, a padded sequence), so it may change from row to row or "
@@ -147,16 +165,53 @@ def _kept_axes(read: Any, inferred: Any) -> Any:
     return infer_shapes(model, data_prop=True)
 
 
-def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:
+def _constant_tensors(graph: Any) -> set[str]:
+    """The main graph's tensors computed from constants alone (initializers, Constant nodes, and what nodes without
+    a subgraph or a random draw compute from those only): the same on every row and batch."""
+    from onnx import AttributeProto
+
+    constant = {tensor.name for tensor in graph.initializer}
+    for node in graph.node:  # in the graph's (topological) order
+        if node.op_type in RANDOM_OPS or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+                                             for a in node.attribute):  # fmt: skip
+            continue
+        if node.op_type == "Constant" or (node.input and all(not name or name in constant for name in node.input)):
+            constant.update(name for name in node.output if name)
+    return constant
+
+
+def _runs_its_count(loop: Any, constant: set[str]) -> bool:
+    """Whether the Loop runs as many iterations as the same inputs' shapes give it every batch: its first condition
+    unset or a constant, and its body's condition its input passed on (through Identity or Cast) or a constant of the
+    body or of the graph around it (as torch's export writes `for i in range(n)`). A condition the body computes from
+    values (stop once converged) ends it after as many iterations as the data sets."""
+    if len(loop.input) > 1 and loop.input[1] and loop.input[1] not in constant:
+        return False
+    body = next((a.g for a in loop.attribute if a.name == "body"), None)
+    if body is None or len(body.input) < 2 or not body.output:
+        return False
+    producers = {out: node for node in body.node for out in node.output}
+    kept = body.output[0].name
+    while kept in producers and producers[kept].op_type in ("Identity", "Cast"):
+        kept = producers[kept].input[0]
+    return kept == body.input[1].name or kept in constant or kept in _constant_tensors(body)
+
+
+def _constant_count(model: Any, count: str, shapes: dict[str, Any], per_row: set[str] = frozenset()) -> bool:
     """Whether the tensor `count` is computed from constants and the shapes of tensors alone, and comes out the same
-    with every length not in the graph (a named or unknown dimension) set to each of _TRIED_LENGTHS: then it is a
-    constant the graph writes as arithmetic on shapes. False where it reads values, or cannot be computed here."""
+    with every length not in the graph (an unknown dimension, or a named one not in `per_row`) set to each of
+    _TRIED_LENGTHS: then it is a constant the graph writes as arithmetic on shapes. `per_row`: named input lengths
+    other than the batch's (a padded sequence's), held at one value: a row's length there is its input's, so a count
+    of them (a sort of the sequence, K = its length) is no length the batch sets. False where it reads values, or
+    cannot be computed here."""
     import onnx
     from onnx.reference import ReferenceEvaluator
 
     graph = model.graph
     producers = {out: node for node in graph.node for out in node.output}
     initializers = {tensor.name: tensor for tensor in graph.initializer}
+    values = {node.output[0]: a.t for node in graph.node if node.op_type == "Constant" and node.output
+              for a in node.attribute if a.name == "value"}  # fmt: skip
     used, read, shaped = set(), [], {}
     for tensor, waiting in each_once(count):
         node = producers.get(tensor)
@@ -166,10 +221,15 @@ def _constant_count(model: Any, count: str, shapes: dict[str, Any]) -> bool:
             read.append(initializers[tensor])
             continue
         if node.op_type in _SHAPE_OPS:
+            constant = initializers.get(node.input[0], values.get(node.input[0]))
             typed = shapes.get(node.input[0])
-            if typed is None or not typed.HasField("shape"):
+            if constant is not None:  # an initializer's or a Constant's dims
+                dims = list(constant.dims)
+            elif typed is None or not typed.HasField("shape"):
                 return False
-            dims = [d.dim_value if d.HasField("dim_value") else None for d in typed.shape.dim]
+            else:
+                dims = [d.dim_value if d.HasField("dim_value") else _HELD if d.dim_param in per_row else None
+                        for d in typed.shape.dim]  # fmt: skip
             bounds = {a.name: a.i for a in node.attribute}  # Shape's start and end (opset 15)
             shaped[tensor] = (node.op_type, dims[bounds.get("start", 0):bounds.get("end", len(dims))])
             continue

@@ -47,18 +47,21 @@ def _rotated(logits: np.ndarray) -> np.ndarray:
     return logits[np.arange(len(logits))[:, None], (np.arange(3)[None, :] + step[:, None]) % 3]
 
 
-def _results(second_fp32: np.ndarray) -> SweepResults:
+def _results(second_fp32: np.ndarray, first_fp32: np.ndarray | None = None, own: bool = False) -> SweepResults:
     """FP32 and 'int8' on two backends, as the sweep measures them: every output against FP32 on the first backend,
     drops against FP32 on the result's own backend (a later FP32's against the first's); int8 computes as the first
-    backend's FP32 does on both."""
+    backend's FP32 does on both (`own`: as its backend's FP32 does). `first_fp32`: the first backend's FP32 logits
+    (default: right)."""
     logits, labels = _logits()
+    logits = logits if first_fp32 is None else first_fp32
     first = evaluate_accuracy("classification", logits, logits, labels, HALVES)
     second = with_drops(evaluate_accuracy("classification", second_fp32, logits, labels, HALVES), first)
     int8 = evaluate_accuracy("classification", logits, logits, labels, HALVES)
+    int8_second = evaluate_accuracy("classification", second_fp32, logits, labels, HALVES) if own else int8
     variants = (VariantResult("fp32", FIRST, "fp32", "ok", accuracy=first),
                 VariantResult("fp32", SECOND, "fp32", "ok", accuracy=second),
                 VariantResult("int8", FIRST, "int8", "ok", accuracy=with_drops(int8, first)),
-                VariantResult("int8", SECOND, "int8", "ok", accuracy=with_drops(int8, second)))  # fmt: skip
+                VariantResult("int8", SECOND, "int8", "ok", accuracy=with_drops(int8_second, second)))  # fmt: skip
     results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy", "task": "classification"},
                            environment={}, calibration=None, evaluation_rows=ROWS, gate_metric=SPEC.metric,
                            reference="fp32", variants=variants)  # fmt: skip
@@ -107,6 +110,30 @@ def test_fp32_that_agrees_across_backends_passes_and_changes_no_verdict():
     assert {c.drop for c in report.checks if c.variant == "fp32"} == {0.0}
     assert report.fp32_differs() == {}
     assert not report.notes
+
+
+def test_a_later_fp32_above_a_wrong_first_fp32_beyond_the_tolerance_breaches():
+    """The first backend's FP32 is the wrong one: 13 rows of half=b it had right rotated to another class (hand:
+    527/600 = 0.8783 overall, 257/300 = 0.8567 on half=b), the second's right (0.9, 0.9); int8 on each backend
+    computes as its FP32 does. Judged one way, the second gained 0.0217 and 0.0433 and passed, and int8 on the first
+    backend passed against its wrong FP32 (exit 0). A later FP32 now breaches beyond the tolerance either way (exit 1,
+    the line naming it); a gain within it still passes."""
+    logits, labels = _logits()
+    wrong = logits.copy()
+    rows = [row for row in range(ROWS // 2, ROWS) if row % 10][:13]  # labels FP32 gets right
+    wrong[rows] = np.roll(wrong[rows], 1, axis=1)
+    assert (wrong.argmax(1) == labels).sum() == 540 - 13 and (wrong.argmax(1) == labels)[ROWS // 2:].sum() == 270 - 13
+    report = evaluate_gate(_results(logits.copy(), first_fp32=wrong, own=True), SPEC)
+    assert report.exit_code == EXIT_BREACH
+    fp32 = {c.scope: c for c in report.checks if (c.variant, c.backend, c.metric) == ("fp32", SECOND, "accuracy")}
+    assert {s: (round(c.reference, 4), round(c.observed, 4), round(c.drop, 4), c.status) for s, c in fp32.items()} == {
+        "overall": (0.8783, 0.9, -0.0217, "breach"), "half=a": (0.9, 0.9, 0.0, "pass"),
+        "half=b": (0.8567, 0.9, -0.0433, "breach")}  # fmt: skip
+    assert report.fp32_differs()[SECOND].startswith(f"backend {SECOND}'s FP32 differs from backend {FIRST}'s FP32: "
+                                                    "overall accuracy 0.8783 → 0.9; half=b accuracy 0.8567 → 0.9")
+    within = wrong.copy()
+    within[rows[8:]] = logits[rows[8:]]  # 8 rows wrong: a gain of 0.0133 overall, 0.0267 on half=b
+    assert evaluate_gate(_results(logits.copy(), first_fp32=within, own=True), SPEC).exit_code == EXIT_PASS
 
 
 def test_a_later_fp32_that_cannot_be_judged_leaves_its_backend_unjudged():
