@@ -20,6 +20,7 @@ from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo
+from qbench.validate.float_range import FloatFormat
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -223,6 +224,14 @@ class Task(ABC):
         if masked and reference is not None:
             bad |= metrics.mask_changed_rows(outputs, reference, read)
         return bad
+
+    def read_beyond_range(self, outputs: np.ndarray, reference: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
+        """A variant's `outputs` as this task's metrics read them, `fmt` the float format its precision passes values
+        through (float_range.float_format; None: none bounds them). Where a -inf/+inf only rounds an FP32 value the
+        format cannot hold and no decision of the task hangs on it, a task may read FP32's value there
+        (float_range.read_as_reference). By default every value as it is: a regression output or an embedding beyond
+        the format is lost, the variant's NaN/inf row."""
+        return np.asarray(outputs)
 
     def masks_with_neginf(self, outputs: np.ndarray) -> bool:
         """Whether this task reads -inf among these float outputs as a value ruled out rather than a failure: log

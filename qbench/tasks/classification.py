@@ -45,6 +45,7 @@ from qbench.tasks.tokens import (
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.float_range import FloatFormat, read_as_reference
 from qbench.validate.scores_scale import ScaleReading, read_scale
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -419,6 +420,13 @@ class Classification(Task):
         defined: a class scored -inf is one the model rules out on that row (a -inf mask before log_softmax)."""
         outputs = np.asarray(outputs)
         return outputs.dtype.kind == "f" and outputs.ndim >= 2 and outputs.shape[-1] > 1
+
+    def read_beyond_range(self, outputs: np.ndarray, reference: np.ndarray, fmt: FloatFormat | None) -> np.ndarray:
+        """Several score columns are decided by their arg-max: a class the variant's format rounds to -inf where FP32
+        gives it a probability the format cannot hold, or its highest score rounded to +inf beyond the format's range,
+        the arg-max unchanged, is FP32's value, not the variant's failure (float_range). One score column is cut at a
+        threshold, class ids hold no scores: read as they are."""
+        return read_as_reference(outputs, reference, fmt) if self.masks_with_neginf(reference) else np.asarray(outputs)
 
     def thresholds_by_scale(self, reference: np.ndarray) -> bool:
         reference = np.asarray(reference)

@@ -19,9 +19,10 @@ from qbench.backends.base import Runner
 from qbench.errors import QbenchError, environment_cause
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
-from qbench.tasks.base import MetricError, RowSummary
+from qbench.tasks.base import MetricError, RowSummary, Task
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
+from qbench.validate.float_range import FloatFormat, beyond_format_note, float_format
 from qbench.validate.outputs import VARIABLE_SHAPE, row_count, run_outputs
 
 OVERALL = "overall"
@@ -185,6 +186,7 @@ def evaluate_accuracy(
     task_options: Mapping[str, Any] | None = None,
     lowest_wins: Collection[str] = (),
     cuts: Mapping[str, metrics.BinaryCut] | None = None,
+    precision: str | None = None,
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
 
@@ -195,6 +197,8 @@ def evaluate_accuracy(
     passed the gate. `cuts`: where the graph's own label splits a single score column (TensorMeta.decision_cut), which
     such a task decides by: read with '> 0', an IsolationForest's INT8 scores of exactly 0 (its quantization grid
     holds 0) were outliers the model's label calls inliers.
+    `precision`: the variant's (VariantResult.precision); a -inf/+inf its float format gives where FP32's value is
+    beyond that format and the task's decision does not hang on it is read as FP32's (Task.read_beyond_range).
 
     `outputs` is one array, or output name -> array (metrics then prefixed 'name/' when there are
     several). The metrics are the task's (see qbench.tasks), plus `custom_metrics` per output; a custom metric
@@ -238,6 +242,8 @@ def evaluate_accuracy(
         if not parts:
             masks = _checked_masks(slices, rows)
             judge = judge.for_slices(masks)
+        flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
+        values = _read_beyond_range(judge, values, reference, float_format(precision), flip)
         row_bad = judge.nonfinite_rows(values, own_labels, feeds, reference)
         reference_bad = judge.nonfinite_rows(reference, own_labels, feeds)
         row_new = row_bad & ~reference_bad
@@ -245,7 +251,6 @@ def evaluate_accuracy(
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
         new_nonfinite = row_new if new_nonfinite.size == 0 else new_nonfinite | row_new
         prefix = f"{name}{OUTPUT_SEPARATOR}" if prefixed else ""
-        flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
         scale = (cuts or {}).get(name) if judge.decides_by_argmax else None
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
@@ -280,6 +285,31 @@ def evaluate_accuracy(
     _raised_everywhere([overall, *scored_slices])
     return AccuracyResult(rows=rows, nonfinite_outputs=int(np.count_nonzero(nonfinite)), overall=overall,
                           slices=scored_slices)
+
+
+def _read_beyond_range(judge: Task, values: np.ndarray, reference: np.ndarray, fmt: FloatFormat | None,
+                       flip: bool) -> np.ndarray:  # fmt: skip
+    """The variant's values as `judge` reads them beyond its float format (Task.read_beyond_range); `flip`: scores
+    decided by their arg-min, read as their negation's arg-max is."""
+    return -judge.read_beyond_range(-values, -reference, fmt) if flip else judge.read_beyond_range(values, reference, fmt)
+
+
+def beyond_range_notes(task: str, outputs: Mapping[str, np.ndarray], reference_outputs: Mapping[str, np.ndarray],
+                       precision: str | None, lowest_wins: Collection[str] = ()) -> list[str]:  # fmt: skip
+    """One line per output whose -inf/+inf the task reads as FP32's values beyond the variant's float format (as
+    evaluate_accuracy reads them): the variant's notes say how many rows, so no reader takes their figures for the
+    served model's values."""
+    fmt = float_format(precision)
+    if fmt is None:
+        return []
+    judge, notes = get_task(task), []
+    for name, values in outputs.items():
+        values, reference = np.asarray(values), np.asarray(reference_outputs[name])
+        flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
+        if values.shape == reference.shape:
+            note = beyond_format_note(name, values, _read_beyond_range(judge, values, reference, fmt, flip), fmt)
+            notes += [note] if note else []
+    return notes
 
 
 def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None]) -> list[str]:

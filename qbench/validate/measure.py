@@ -39,6 +39,7 @@ from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
 from qbench.validate import metrics
 from qbench.validate.accuracy import (
+    beyond_range_notes,
     evaluate_accuracy,
     one_class_readings,
     run_outputs,
@@ -237,7 +238,7 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
-    accuracy, nsr, scale_read, one_class, chance = None, math.nan, [], {}, []
+    accuracy, nsr, scale_read, one_class, chance, beyond = None, math.nan, [], {}, [], []
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
@@ -253,7 +254,7 @@ def measure(
         options = {"probabilities": scales, "task_options": recipe.task_options,
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
                    "cuts": {c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
-                            if c.meta.decision_cut is not None}}  # fmt: skip
+                            if c.meta.decision_cut is not None}, "precision": built.precision}  # fmt: skip
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          feeds=rows.feeds, **options)  # fmt: skip
@@ -271,6 +272,8 @@ def measure(
             for why in chance:
                 logger.warning("%s: %s", label, why)
         accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
+        beyond = [] if reference is None else beyond_range_notes(recipe.task, outputs, base, built.precision,
+                                                                 options["lowest_wins"])  # fmt: skip
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
     latency, size = None, ran["model_bytes"]
     if timing is not None:
@@ -284,7 +287,7 @@ def measure(
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
                 **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *chance,
+        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *chance, *beyond,
                *_raised_notes(accuracy),
                *([crowded] if crowded else [])), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
