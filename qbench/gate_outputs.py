@@ -113,14 +113,19 @@ def lost_components(reference: SliceMetrics, own: SliceMetrics, gated: str,
     why it cannot be told: FP32 records a component to judge and the variant's results record none, or one of a rule
     not judged with FP32's (edited, or written by another qbench; qbench.validate.kept.comparable). Where FP32 records
     none (no class decided on enough rows, no tail reaching past its plateau) nothing is judged; results from before
-    qbench recorded any are refused as a whole (qbench.results_evidence)."""
+    qbench recorded any are refused as a whole (qbench.results_evidence). A record the variant lacks where it gives
+    NaN/inf on rows FP32 is finite on is no sign of editing: those rows leave too few to judge (a regression output
+    beyond FP16's range on every row of a slice), and the gate breaches on them already (nonfinite_outputs)."""
     found, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
+    own_nonfinite = own.new_nonfinite_outputs > 0 or own.nonfinite_outputs > reference.nonfinite_outputs
     for output, ref_kept in reference.kept.items():
         if gated and output != gated:
             continue
         record = own.kept.get(output)
         named = output and len(reference.kept) > 1
+        if record is None and own_nonfinite:
+            continue
         if record is None or not comparable(ref_kept.rule, record.rule):
             name = f"{output}{OUTPUT_SEPARATOR}{ref_kept.rule}" if named else ref_kept.rule
             problems.append(f"the results record no {name}{where} for this variant (FP32's records "
