@@ -13,7 +13,8 @@
   not evaluated) is warned about with the column feeding it: its cells change no figure (a slice column fed by mistake);
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
   batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
-  not fill a last batch are padded where they are fed (`qbench.data.iter_batches`).
+  not fill a last batch are padded where they are fed (`qbench.data.iter_batches`); inputs fixing axis 0 beside
+  inputs leaving it dynamic share no batch (a GNN's x ['num_nodes', F] and edge_index [2, 'num_edges']): refused.
 """
 
 from __future__ import annotations
