@@ -13,7 +13,8 @@
   not evaluated) is warned about with the column feeding it: its cells change no figure (a slice column fed by mistake);
 - a fixed batch: a model whose inputs only take batches of one size (an export without a dynamic
   batch axis): the recipe's batch sizes are that one (those it leaves out are set to it); rows that do
-  not fill a last batch are padded where they are fed (`qbench.data.iter_batches`).
+  not fill a last batch are padded where they are fed (`qbench.data.iter_batches`); inputs fixing axis 0 beside
+  inputs leaving it dynamic share no batch (a GNN's x ['num_nodes', F] and edge_index [2, 'num_edges']): refused.
 """
 
 from __future__ import annotations
@@ -270,11 +271,12 @@ def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:
     dims = model.batch_dims
     if not dims:
         return None
+    _check_shared_axis_0(recipe, model)
     name, size = next(iter(dims.items()))
     if len(set(dims.values())) > 1:
         shapes = ", ".join(f"{n} {list(model.inputs[n].shape)}" for n in dims)
         raise RecipeError(recipe.source, "model", f"the model's inputs fix different batch sizes ({shapes}); "
-                          "expected one batch dimension shared by every input")  # fmt: skip
+                          f"expected one batch dimension shared by every input: {_ONE_SAMPLE_PER_ROW}")  # fmt: skip
     wrong = [(field, now, expected) for field, now, expected in _batch_fields(recipe, size) if now != expected]
     if wrong:
         listed = ", ".join(f"{field}: {expected} (now {now})" for field, now, expected in wrong)
@@ -283,6 +285,36 @@ def fixed_batch(recipe: Recipe, model: ModelInfo) -> int | None:
                           f"{listed}, or leave {'it' if len(wrong) == 1 else 'them'} out to take the model's batch, "
                           f"or a model exported with a dynamic batch axis{_rows_first(model)}")  # fmt: skip
     return size
+
+
+_ONE_SAMPLE_PER_ROW = (
+    "qbench feeds one sample per data row along axis 0 of every input, so a model whose one call is one sample "
+    "along other axes (a graph neural net's node features [num_nodes, F] and edge_index [2, num_edges], as PyG "
+    "exports it) cannot be fed so; export it batch-first: one graph per call with a batch axis added ([1, "
+    "num_nodes, F], [1, 2, num_edges]) or a padded dense batch ([batch, max_nodes, F] with a node mask the model "
+    "applies), each row's graph padded to one size"
+)
+
+
+def _check_shared_axis_0(recipe: Recipe, model: ModelInfo) -> None:
+    """RecipeError when some inputs fix axis 0 while others leave it dynamic (inputs of rank 1 aside, as in
+    `ModelInfo.batch_dims`): axis 0 is then no batch the inputs share (a GNN's x ['num_nodes', F] beside
+    edge_index [2, 'num_edges']), and taking the static one for a fixed batch would feed two graphs' rows as one."""
+    ranked = [meta for meta in model.inputs.values() if len(meta.shape) > 1]
+    fixed = [meta for meta in ranked if meta.shape[0] is not None]
+    free = [meta for meta in ranked if meta.shape[0] is None]
+    if not fixed or not free:
+        return
+    dynamic = ", ".join(f"{meta.name} {meta.shape_text()}" for meta in free)
+    static = ", ".join(f"{meta.name} {meta.shape_text()}" for meta in fixed)
+    named = [(meta.name, axis, dim) for meta in ranked for axis, dim in enumerate(meta.dim_names)
+             if axis > 0 and dim and "batch" in dim.lower()]  # fmt: skip
+    hint = (f"; axis {named[0][1]} ({named[0][2]!r}) of {named[0][0]!r} is named like the batch: if it is, export the "
+            "model batch-first" if named else "")  # fmt: skip
+    field = "model.path" if recipe.model.path is not None else "model"
+    raise RecipeError(recipe.source, field, f"the model's inputs share no batch axis: {dynamic} "
+                      f"{'leaves' if len(free) == 1 else 'leave'} axis 0 dynamic, {static} "
+                      f"{'fixes' if len(fixed) == 1 else 'fix'} it; {_ONE_SAMPLE_PER_ROW}{hint}")  # fmt: skip
 
 
 def _rows_first(model: ModelInfo) -> str:

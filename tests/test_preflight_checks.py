@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -153,6 +154,42 @@ def test_a_static_axis_0_beside_a_dynamic_axis_names_that_axis_in_the_batch_erro
     )
 
 
+def _named(**shapes: tuple[int | str | None, ...]) -> ModelInfo:
+    """A model whose inputs name their dynamic dims: a str is a dim_param (a dynamic dim of that name)."""
+    metas = {name: TensorMeta(name, np.dtype(np.float32), tuple(None if isinstance(d, str) else d for d in shape),
+                              dim_names=tuple(d if isinstance(d, str) else None for d in shape))
+             for name, shape in shapes.items()}  # fmt: skip
+    return ModelInfo(metas, {}, 17)
+
+
+def test_inputs_that_disagree_on_axis_0_share_no_batch_and_are_refused(tmp_path: Path) -> None:
+    """A PyG-style GNN (x ['num_nodes', F], edge_index [2, 'num_edges']) was read as a fixed batch of 2 and the
+    error advised `latency.batch_sizes: [2]` and a batch-first export of the edges: one sample (a graph) is not a
+    row of axis 0. Inputs fixing axis 0 beside inputs leaving it dynamic are refused in one line saying so; a
+    dynamic dim named like the batch on a later axis (a sequence-first LSTM's h0) is named as the likely batch."""
+    gnn = _named(x=("num_nodes", 6), edge_index=(2, "num_edges"))
+    with pytest.raises(RecipeError) as caught:
+        fixed_batch(_recipe(tmp_path), gnn)
+    assert str(caught.value).startswith(
+        f"{tmp_path / 'recipe.yaml'}: model.path: the model's inputs share no batch axis: x ['num_nodes', 6] leaves "
+        "axis 0 dynamic, edge_index [2, 'num_edges'] fixes it; qbench feeds one sample per data row along axis 0 of "
+        "every input, so a model whose one call is one sample along other axes"
+    )
+    assert str(caught.value).endswith("each row's graph padded to one size")  # no advice to feed edges as rows
+    with pytest.raises(RecipeError) as caught:  # the recipe's batch sizes are not what is wrong
+        fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [2]}), gnn)
+    assert "share no batch axis" in str(caught.value)
+    lstm = _named(x=("seq", "batch", 4), h0=(2, "batch", 8))
+    with pytest.raises(RecipeError) as caught:
+        fixed_batch(_recipe(tmp_path), lstm)
+    assert str(caught.value).endswith(
+        "; axis 1 ('batch') of 'x' is named like the batch: if it is, export the model batch-first"
+    )
+    # one batch every input shares, fixed or dynamic, and rank-1 inputs beside it, are not refused
+    assert fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [8]}), _named(x=(8, 4), mask=(8, "n"))) == 8
+    assert fixed_batch(_recipe(tmp_path), _named(x=("batch", "n", 8), mask=("batch", "n"), lengths=(1,))) is None
+
+
 def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -> None:
     written = _recipe(tmp_path, latency={"iterations": 5})
     recipe = with_fixed_batch(written, 8)
@@ -261,3 +298,51 @@ def test_an_input_no_evaluated_output_reads_is_warned_about_with_its_column(
     with caplog.at_level("WARNING", logger="qbench"):
         warn_unread_inputs(recipe, recipe.model_path, ["y", "aux"])
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["model input 'gid'"]
+
+
+def _gnn(path: Path) -> None:
+    """A PyG-style graph classifier for one graph a call: node features x ['num_nodes', 3], edge_index
+    [2, 'num_edges']; each edge carries its source node's projected features, averaged over the edges: [1, 2]."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"]),
+         helper.make_node("Gather", ["edge_index", "zero"], ["src"], axis=0),
+         helper.make_node("Gather", ["h", "src"], ["messages"], axis=0),
+         helper.make_node("ReduceMean", ["messages", "axes"], ["out"], keepdims=1)],
+        "gnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["num_nodes", 3]),
+         helper.make_tensor_value_info("edge_index", TensorProto.INT64, [2, "num_edges"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2])],
+        [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) / 6, "w"),
+         numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array([0], np.int64), "axes")],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("batch_sizes", [[1, 8], [2]])
+def test_validate_refuses_a_gnn_fed_a_graph_per_row_in_one_line(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], batch_sizes: list[int]
+) -> None:
+    """One graph per row (x cells [4, 3], edge_index cells [2, 5]): the sweep stops before anything runs, on the
+    model's axes, with the recipe's batch sizes as the old error advised ([2]) or not."""
+    from qbench.cli import main
+
+    _gnn(tmp_path / "model.onnx")
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"x": [rng.normal(size=(4, 3)).tolist() for _ in range(40)],
+                  "edge_index": [rng.integers(0, 4, (2, 5)).tolist() for _ in range(40)],
+                  "label": rng.integers(0, 2, 40)}).to_parquet(tmp_path / "rows.parquet")  # fmt: skip
+    recipe = {"name": "gnn", "model": {"path": "model.onnx"}, "latency": {"batch_sizes": batch_sizes},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x", "edge_index": "edge_index"}, "label": "label",
+                       "calibration": {"samples": 16}},
+              "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"}]}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["validate", "--no-track", str(tmp_path / "recipe.yaml")]) == 2
+    [line] = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: the model's inputs share no batch axis: "
+                           "x ['num_nodes', 3] leaves axis 0 dynamic, edge_index [2, 'num_edges'] fixes it; ")  # fmt: skip

@@ -286,10 +286,23 @@ def printed_array_hint(values: pd.Series) -> str:
             "or a Parquet list column")
 
 
+def array_file_hint(values: pd.Series) -> str:
+    """For an error about a text column where numbers are expected: '; cells such as 'sets/row0.npy' name NumPy files
+    ...' when some cell does (a set, point cloud or sequence saved one .npy per row): qbench reads the arrays a table
+    holds, never a file a cell names, so the cell was fed as one text value (`holds cells of 1 value`)."""
+    text = _text_cells(values).str.strip()
+    found = text[text.str.lower().str.endswith((".npy", ".npz"))]
+    if found.empty:
+        return ""
+    return (f"; cells such as {shown_text(found.iloc[0])!r} name NumPy files, which qbench does not read (it feeds the "
+            "arrays the table holds): expected the arrays themselves, as a Parquet list column (np.load(path).tolist() "
+            "per row) or one .npz of the stacked rows (np.savez(path, x=np.stack(arrays), label=labels))")
+
+
 def text_cells_hint(values: pd.Series) -> str:
     """For an error about a text column where numbers are expected, what its text cells are when that is known
-    (number_format_hint, printed_array_hint); else ''."""
-    return number_format_hint(values) or printed_array_hint(values)
+    (number_format_hint, printed_array_hint, array_file_hint); else ''."""
+    return number_format_hint(values) or printed_array_hint(values) or array_file_hint(values)
 
 
 def number_format_hint(values: pd.Series) -> str:

@@ -508,3 +508,29 @@ def test_a_scalar_model_input_is_refused_fed_or_not_naming_how_to_hold_it_consta
         with pytest.raises(RecipeError) as caught:
             build_feeds(_digits(), np.arange(2), inputs, model_inputs, recipe_file=RECIPE)
         assert str(caught.value).startswith(f"recipe.yaml: {field}: {expected}")
+
+
+@pytest.mark.parametrize(("shape", "first"), [((None, 4, 3), "column 'x' holds cells of 1 value (shape ()), but model "
+                                                "input 'x' expects shape (batch, 4, 3)"),
+                                               ((None,), "column 'x' holds non-numeric values such as 'sets/row0.npy', "
+                                                         "but model input 'x' expects float32")])
+def test_cells_naming_numpy_files_are_named_so(tmp_path: Path, shape, first) -> None:
+    """A set or point cloud saved one .npy per row, the table naming each row's file: the error named only a shape
+    of () (the path fed as one text value) without saying that qbench reads no file a cell names."""
+    (tmp_path / "sets").mkdir()
+    for row in range(3):
+        np.save(tmp_path / "sets" / f"row{row}.npy", np.full((4, 3), row, np.float32))
+    pd.DataFrame({"x": [f"sets/row{row}.npy" for row in range(3)]}).to_csv(tmp_path / "rows.csv", index=False)
+    with pytest.raises(RecipeError) as info:
+        _feed(load_table(tmp_path / "rows.csv", recipe_file=RECIPE), "x", _meta("x", shape))
+    assert str(info.value) == (
+        f"recipe.yaml: data.inputs: {first}; cells such as 'sets/row0.npy' name NumPy files, which qbench does not "
+        "read (it feeds the arrays the table holds): expected the arrays themselves, as a Parquet list column "
+        "(np.load(path).tolist() per row) or one .npz of the stacked rows (np.savez(path, x=np.stack(arrays), "
+        "label=labels))"
+    )
+    # the arrays themselves, as the message says, feed the input
+    arrays = [np.load(tmp_path / "sets" / f"row{row}.npy") for row in range(3)]
+    np.savez(tmp_path / "rows.npz", x=np.stack(arrays))
+    fed = _feed(load_table(tmp_path / "rows.npz", recipe_file=RECIPE), "x", _meta("x", (None, 4, 3)))
+    np.testing.assert_array_equal(fed, np.stack(arrays))
