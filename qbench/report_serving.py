@@ -16,7 +16,7 @@ from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.slo import SLO_SCOPE, p99_basis, p99_under_load
 from qbench.validate.catalogue import within
-from qbench.validate.load import MAX_REQUESTS
+from qbench.validate.load_search import MAX_REQUESTS
 
 _NONE = "—"
 _OVERLOADED = "overloaded"

@@ -28,7 +28,8 @@ from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
-from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.serve import RealServer, real_server, served_max_rate
 
 SLO_SCOPE = "slo"
