@@ -23,6 +23,7 @@ own transport, and interference between requests running concurrently (one model
 
 The search for the highest rate within a budget (qbench.validate.load_search) replays the same unit arrival gaps and
 service draws at every rate it tries (common random numbers), so figures at neighbouring rates are comparable.
+`LoadReplay.batches` counts the batches it simulated, the unit of the simulation's cost.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ class LoadReplay:
         self._columns = [[[None] * blocks for _ in range(batcher.max_batch_size + 1)] for _ in (False, True)]
         self._full: np.ndarray | None = None  # the back-to-back column of full batches
         self._unit_arrivals = np.cumsum(draws.unit_gaps)  # at rate r, times 1000 / r ms
+        self.batches = 0  # simulated so far, over every rate (a run stopped early: its batches until then)
 
     def _block(self, batch_size: int, idle: bool, block: int) -> list[float]:
         within = slice(block * _BLOCK, (block + 1) * _BLOCK)
@@ -244,8 +246,10 @@ class LoadReplay:
         over = None if budget_ms is None else ShareOver(arrivals_ms, budget_ms, overhead_ms)
         batches = self._batches(arrivals_ms, over)
         if batches is None:
+            self.batches += over.batches
             return None
         starts, sizes, ends = batches
+        self.batches += sizes.size
         n = arrivals_ms.size
         done_ms = np.repeat(ends, sizes)
         latencies = done_ms - arrivals_ms + overhead_ms

@@ -1,16 +1,22 @@
 """The highest Poisson rate whose p99 the load simulation shows within a budget (qbench.validate.load, .tail).
 
-The search for the highest rate within a budget tries a geometric grid of rates (halving from capacity) and then
-bisects; the same unit arrival gaps and service draws are reused at every rate (common random numbers),
-so figures at neighbouring rates are comparable. With batching, p99 is not monotone in the rate (a
-higher rate fills batches before the queue delay runs out), so the rate found is the upper edge of the
-highest passing interval the grid meets, to `rel_tol`.
+`_search_once` tries a geometric grid of rates (halving from capacity) and then bisects, on one replay's draws (the
+same at every rate: common random numbers, so figures at neighbouring rates are comparable). With batching, p99 is
+not monotone in the rate (a higher rate fills batches before the queue delay runs out), so the rate found is the
+upper edge of the highest passing interval the grid meets, to `rel_tol`. `search_max_rate` runs it again on GROWTH
+times the requests until two searches agree and the edge is placed, within a cost: MAX_BATCHES simulated batches
+(the simulation's unit of work, a Python step each at low rates). Timings with a heavy tail (a loaded machine
+preempting the runtime for tens of milliseconds in one timed run of a thousand) put the requests over a budget in a
+few rare clusters whose share grows about as the rate does, so the rate 5 % above the edge stays undecided however
+far the requests grow: a digits MLP timed on 2 CPUs at load 4-6 took 98 simulations and 2.7 million batches (11-20
+s) to end unsettled at 320,000 requests. The budget stops such a search before a round it cannot afford, unsettled,
+and claims the lower of its last two searches' rates.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from qbench.errors import QbenchError
 from qbench.results_serving import LoadStats
@@ -24,9 +30,11 @@ logger = logging.getLogger(__name__)
 class RateSearch:
     """The highest rate whose p99 was shown within the budget (None: not even a near-idle load's was), with its
     figures; `requests`: the simulated requests that showed it (from `search_max_rate`: the most of its searches
-    ran, the last; the rate may be the lower of the last two, which agreed); `undecided`: the rate RESOLUTION above it was neither
-    shown within nor over the budget, or (from `search_max_rate`) the searches did not settle within the requests
-    allowed: the rate is claimed low, possibly by more than RESOLUTION."""
+    ran, the last; the rate may be the lower of the last two); `undecided`: the rate RESOLUTION above it was neither
+    shown within nor over the budget, or (from `search_max_rate`) the searches did not settle within the requests or
+    the batches allowed: the rate is claimed low, possibly by more than RESOLUTION; `batches`: the batches simulated
+    (from `search_max_rate`: over all its searches); `cut_short`: `search_max_rate` stopped unsettled because its next
+    round would have passed the batches allowed (below the requests allowed)."""
 
     budget_ms: float
     max_rate_rps: float | None
@@ -34,6 +42,8 @@ class RateSearch:
     simulations: int
     requests: int = 0
     undecided: bool = False
+    batches: int = field(default=0, compare=False)  # what the search cost, not what it found
+    cut_short: bool = False
 
 
 _GRID_STEPS = 12  # the search's lowest rate: capacity / 2^12, where queueing is rare
@@ -43,6 +53,9 @@ _UPPER_GRID = tuple((16 - j) / 16 for j in range(1, 8))  # 15/16 .. 9/16 of capa
 
 
 MAX_REQUESTS = 320_000  # the search extends its simulation up to this many requests (GROWTH times at a time)
+# the simulated batches a search may spend, over all its rounds: a round that would take it past them is not run
+# (a round costs about GROWTH times the one before; 1,000,000 batches are about 1.5 s of one 2-CPU machine's core)
+MAX_BATCHES = 1_000_000
 GROWTH = 4
 RESOLUTION = 0.05  # the bound is tight enough when the rate this much higher is shown over the budget
 
@@ -55,6 +68,7 @@ def search_max_rate(
     rel_tol: float = 0.01,
     max_simulations: int = 60,
     max_requests: int = MAX_REQUESTS,
+    max_batches: int | None = MAX_BATCHES,
 ) -> RateSearch:
     """The highest Poisson rate whose p99 is shown within `budget_ms`: at most 1 % of the simulated requests over the
     budget, up to the upper confidence bound over the regenerative cycles (qbench.validate.tail). The simulated p99
@@ -62,29 +76,41 @@ def search_max_rate(
     claimed only where the bound passes. The search (`_search_once`) is run again on GROWTH times the requests
     (fresh draws, same seed) until two searches agree within RESOLUTION and the rate RESOLUTION above the one found
     is shown over the budget (not undecided: its share within 1 %, its bound not); the lower of the two is claimed (a
-    sample quiet by chance claims high, and stopping on the first that looks decided keeps its luck). At
-    `max_requests` the rate is claimed as it stands, low, and the result says so (`undecided`)."""
+    sample quiet by chance claims high, and stopping on the first that looks decided keeps its luck). A search that
+    stops unsettled (at `max_requests`, or before a round whose batches, GROWTH times the last round's, would take it
+    past `max_batches`; None: no such bound) claims the lower of its last two searches' rates too (a search that found
+    none: no rate), and says so (`undecided`; the latter also `cut_short`)."""
     if not budget_ms > 0:
         raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
-    runs, previous = 0, None
+    runs, batches, previous, cut_short = 0, 0, None, False
     while True:
+        before = replay.batches
         search = _search_once(replay, budget_ms, overhead_ms=overhead_ms, rel_tol=rel_tol, max_simulations=max_simulations)
-        runs += search.simulations
+        runs, spent = runs + search.simulations, replay.batches - before
+        batches += spent
         requests = replay.draws.requests
-        settled = previous is not None and _close(previous.max_rate_rps, search.max_rate_rps)
-        if (settled and not search.undecided) or requests >= max_requests or replay.draws.seed is None:
+        settled = previous is not None and _close(previous.max_rate_rps, search.max_rate_rps) and not search.undecided
+        if settled:
             break
-        previous, replay = search, replay.with_requests(min(requests * GROWTH, max_requests))
-    # settled: the last search decided its edge and agrees with the one before; its figures say so whichever of the
-    # two is claimed, as do its requests, the most the search simulated
-    last, undecided = search, search.undecided or not settled
-    if settled and previous.max_rate_rps is not None and previous.max_rate_rps < search.max_rate_rps:
-        search = previous  # two samples agreed: the lower of them (a sample that was quiet by chance claims high)
-    if undecided:
+        if requests >= max_requests or replay.draws.seed is None:
+            limit = "the most allowed" if requests >= max_requests else "all the draws given"
+            break
+        more = min(requests * GROWTH, max_requests)
+        if max_batches is not None and batches + spent * more / requests > max_batches:
+            limit = f"the most {max_batches:,} simulated batches allow (timings too noisy to place the edge)"
+            cut_short = True
+            break
+        previous, replay = search, replay.with_requests(more)
+    last = search
+    if previous is not None and _lower(previous.max_rate_rps, search.max_rate_rps):
+        search = previous  # a sample that was quiet by chance claims high
+    if not settled:
         earlier = f" ({_rate_text(previous.max_rate_rps)} at {previous.requests:,})" if previous else ""
-        logger.info("the highest rate within the %g ms budget, %s, is not settled at %s simulated requests%s: claimed "
-                    "as it stands", budget_ms, _rate_text(search.max_rate_rps), f"{requests:,}", earlier)  # fmt: skip
-    return replace(search, simulations=runs, requests=last.requests, undecided=undecided)
+        logger.info("the highest rate within the %g ms budget, %s, is not settled at %s simulated requests%s, %s: "
+                    "claimed %s", budget_ms, _rate_text(last.max_rate_rps), f"{requests:,}", earlier, limit,
+                    _rate_text(search.max_rate_rps))  # fmt: skip
+    return replace(search, simulations=runs, requests=last.requests, undecided=not settled, batches=batches,
+                   cut_short=cut_short)
 
 
 def _rate_text(rate_rps: float | None) -> str:
@@ -97,6 +123,11 @@ def _close(before: float | None, after: float | None) -> bool:
     if before is None or after is None:
         return before is after
     return abs(after - before) <= RESOLUTION * after
+
+
+def _lower(earlier: float | None, later: float | None) -> bool:
+    """The earlier search's rate is below the later one's (no rate is below every rate)."""
+    return later is not None and (earlier is None or earlier < later)
 
 
 def _search_once(
