@@ -65,8 +65,11 @@ def recorded_searches(recipe: Path, busy: int) -> tuple[list[dict[str, Any]], di
     searches: list[dict[str, Any]] = []
 
     def recording(replay, budget_ms, **options):  # noqa: ANN001, ANN003, ANN202 - slo's call, recorded
-        searches.append({"replay": replay, "budget_ms": budget_ms, "options": options})
-        return search_max_rate(replay, budget_ms, **options)
+        started, wall = time.process_time(), time.perf_counter()
+        found = search_max_rate(replay, budget_ms, **options)
+        searches.append({"replay": replay, "budget_ms": budget_ms, "options": options,
+                         "in_sweep": {"cpu_s": time.process_time() - started, "wall_s": time.perf_counter() - wall}})
+        return found
 
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     slo.search_max_rate = recording
@@ -117,9 +120,12 @@ def main() -> int:
         table.add_row(str(row["search"]), row["how"], f"{row['cpu_s']:.2f}", f"{row['wall_s']:.2f}", f"{row['batches']:,}",
                       str(row["simulations"]), f"{row['requests']:,}", rate, str(row["settled"]))  # fmt: skip
     console.print(table)
-    console.print(f"the sweep (bounded search): simulation {phases.get('simulation', 0.0):.2f} s of {phases['total']:.2f} s")
+    in_sweep = ", ".join(f"{s['in_sweep']['wall_s']:.2f} s ({s['in_sweep']['cpu_s']:.2f} s CPU)" for s in searches)
+    console.print(f"the sweep (bounded search): simulation {phases.get('simulation', 0.0):.2f} s of {phases['total']:.2f} s; "
+                  f"its searches {in_sweep}")  # fmt: skip
     return write_json(args.out, {"busy": args.busy, "rounds": args.rounds, "load_average": [load_before, load_after],
-                                 "sweep_phases_s": phases, "searches": rows}, console)  # fmt: skip
+                                 "sweep_phases_s": phases, "in_sweep": [s["in_sweep"] for s in searches],
+                                 "searches": rows}, console)  # fmt: skip
 
 
 if __name__ == "__main__":
