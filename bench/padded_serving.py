@@ -33,7 +33,8 @@ from rich.console import Console
 
 from qbench.data.text import Padding
 from qbench.validate.latency import timed_batches
-from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.serve import real_server, serve, served_max_rate, served_stats
 
 ROOT = Path(__file__).resolve().parents[1]

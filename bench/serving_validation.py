@@ -53,7 +53,8 @@ from qbench.recipe import Recipe, load_recipe
 from qbench.slo import idle_ms, load_settings, served_times, server_for, serving_figures
 from qbench.sweep import run_sweep
 from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples
-from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.serve import Served, real_server, serve
 from qbench.variants import BuiltVariant
 

@@ -16,7 +16,7 @@ from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
 from qbench.slo import SLO_SCOPE, p99_basis, p99_under_load
 from qbench.validate.catalogue import within
-from qbench.validate.load import MAX_REQUESTS
+from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 
 _NONE = "—"
 _OVERLOADED = "overloaded"
@@ -263,8 +263,8 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
         "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
         "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
         "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
-        f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}); "
-        "not settled: that many did not place it, so the rate is claimed low",
+        f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}, "
+        f"within {MAX_BATCHES:,} simulated batches); not settled: that many did not place it, so the rate is claimed low",
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]

@@ -28,7 +28,8 @@ from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
-from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes, search_max_rate
+from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.serve import RealServer, real_server, served_max_rate
 
 SLO_SCOPE = "slo"
@@ -187,7 +188,8 @@ def _with_load(
     real and stepped down until a real run meets the budget (the simulation models no server's own work). The
     budget's rate is served for real only where no real run at a rate at least as high met the budget (a slow model,
     or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
-    the real runs at the higher rate already showed, while the simulation there models the batcher's waits."""
+    the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
+    search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing."""
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
@@ -198,7 +200,8 @@ def _with_load(
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
     served_at_rate = None
-    if budget.rate_rps and not served_above(served.max_rate_rps if served else None, budget.rate_rps):
+    # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped
+    if budget.rate_rps and (search.cut_short or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
     return replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,

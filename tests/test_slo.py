@@ -354,7 +354,8 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     from qbench.recipe import load_recipe
     from qbench.results import LatencyPoint
     from qbench.slo import serving_figures
-    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay, search_max_rate
+    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
+    from qbench.validate.load_search import search_max_rate
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 4]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},

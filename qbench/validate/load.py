@@ -21,20 +21,17 @@ gives the same figures and the queueing arithmetic can be tested against a model
 service time (`FixedServiceTime`: M/D/1 at batch size 1). What it leaves out: the request's
 own transport, and interference between requests running concurrently (one model instance).
 
-The search for the highest rate within a budget tries a geometric grid of rates (halving from capacity) and then
-bisects; the same unit arrival gaps and service draws are reused at every rate (common random numbers),
-so figures at neighbouring rates are comparable. With batching, p99 is not monotone in the rate (a
-higher rate fills batches before the queue delay runs out), so the rate found is the upper edge of the
-highest passing interval the grid meets, to `rel_tol`.
+The search for the highest rate within a budget (qbench.validate.load_search) replays the same unit arrival gaps and
+service draws at every rate it tries (common random numbers), so figures at neighbouring rates are comparable.
+`LoadReplay.batches` counts the batches it simulated, the unit of the simulation's cost.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from bisect import bisect_right
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -43,8 +40,6 @@ from numpy.typing import ArrayLike
 from qbench.errors import QbenchError
 from qbench.results_serving import LoadStats
 from qbench.validate.tail import ShareOver, TailBound, Verdict, regenerations, tail_share_bound
-
-logger = logging.getLogger(__name__)
 
 
 class ServiceTimes(Protocol):
@@ -189,6 +184,7 @@ class LoadReplay:
         self._columns = [[[None] * blocks for _ in range(batcher.max_batch_size + 1)] for _ in (False, True)]
         self._full: np.ndarray | None = None  # the back-to-back column of full batches
         self._unit_arrivals = np.cumsum(draws.unit_gaps)  # at rate r, times 1000 / r ms
+        self.batches = 0  # simulated so far, over every rate (a run stopped early: its batches until then)
 
     def _block(self, batch_size: int, idle: bool, block: int) -> list[float]:
         within = slice(block * _BLOCK, (block + 1) * _BLOCK)
@@ -250,8 +246,10 @@ class LoadReplay:
         over = None if budget_ms is None else ShareOver(arrivals_ms, budget_ms, overhead_ms)
         batches = self._batches(arrivals_ms, over)
         if batches is None:
+            self.batches += over.batches
             return None
         starts, sizes, ends = batches
+        self.batches += sizes.size
         n = arrivals_ms.size
         done_ms = np.repeat(ends, sizes)
         latencies = done_ms - arrivals_ms + overhead_ms
@@ -354,26 +352,6 @@ def simulate(
     return LoadReplay(service, batcher, draws).at(rate_rps, overhead_ms=overhead_ms)
 
 
-@dataclass(frozen=True)
-class RateSearch:
-    """The highest rate whose p99 was shown within the budget (None: not even a near-idle load's was), with its
-    figures; `requests`: the simulated requests that showed it (from `search_max_rate`: the most of its searches
-    ran, the last; the rate may be the lower of the last two, which agreed); `undecided`: the rate RESOLUTION above it was neither
-    shown within nor over the budget, or (from `search_max_rate`) the searches did not settle within the requests
-    allowed: the rate is claimed low, possibly by more than RESOLUTION."""
-
-    budget_ms: float
-    max_rate_rps: float | None
-    at_max: LoadStats | None
-    simulations: int
-    requests: int = 0
-    undecided: bool = False
-
-
-_GRID_STEPS = 12  # the search's lowest rate: capacity / 2^12, where queueing is rare
-# where capacity / 2 fails, the rates between it and capacity tried first (a long queue delay can fail every rate up to
-# capacity / 2, waiting for company, and pass higher ones): a passing window narrower than 1/16 of capacity is missed
-_UPPER_GRID = tuple((16 - j) / 16 for j in range(1, 8))  # 15/16 .. 9/16 of capacity
 _QUANTILE_GRID = (np.arange(4096) + 0.5) / 4096  # evenly spread: the mean of its draws is the distribution's mean
 
 
@@ -384,111 +362,3 @@ def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
     the digits CNN at batch 32 on a busy 2-CPU machine)."""
     mean_ms = float(np.mean(service.service_ms(batch_size, _QUANTILE_GRID)))
     return batch_size * 1000.0 / max(mean_ms, 1e-9)
-
-
-MAX_REQUESTS = 320_000  # the search extends its simulation up to this many requests (GROWTH times at a time)
-GROWTH = 4
-RESOLUTION = 0.05  # the bound is tight enough when the rate this much higher is shown over the budget
-
-
-def search_max_rate(
-    replay: LoadReplay,
-    budget_ms: float,
-    *,
-    overhead_ms: float = 0.0,
-    rel_tol: float = 0.01,
-    max_simulations: int = 60,
-    max_requests: int = MAX_REQUESTS,
-) -> RateSearch:
-    """The highest Poisson rate whose p99 is shown within `budget_ms`: at most 1 % of the simulated requests over the
-    budget, up to the upper confidence bound over the regenerative cycles (qbench.validate.tail). The simulated p99
-    itself near capacity is often well below the truth (5,000 requests hold few independent queues), so a rate is
-    claimed only where the bound passes. The search (`_search_once`) is run again on GROWTH times the requests
-    (fresh draws, same seed) until two searches agree within RESOLUTION and the rate RESOLUTION above the one found
-    is shown over the budget (not undecided: its share within 1 %, its bound not); the lower of the two is claimed (a
-    sample quiet by chance claims high, and stopping on the first that looks decided keeps its luck). At
-    `max_requests` the rate is claimed as it stands, low, and the result says so (`undecided`)."""
-    if not budget_ms > 0:
-        raise QbenchError(f"budget_ms must be positive, got {budget_ms}")
-    runs, previous = 0, None
-    while True:
-        search = _search_once(replay, budget_ms, overhead_ms=overhead_ms, rel_tol=rel_tol, max_simulations=max_simulations)
-        runs += search.simulations
-        requests = replay.draws.requests
-        settled = previous is not None and _close(previous.max_rate_rps, search.max_rate_rps)
-        if (settled and not search.undecided) or requests >= max_requests or replay.draws.seed is None:
-            break
-        previous, replay = search, replay.with_requests(min(requests * GROWTH, max_requests))
-    # settled: the last search decided its edge and agrees with the one before; its figures say so whichever of the
-    # two is claimed, as do its requests, the most the search simulated
-    last, undecided = search, search.undecided or not settled
-    if settled and previous.max_rate_rps is not None and previous.max_rate_rps < search.max_rate_rps:
-        search = previous  # two samples agreed: the lower of them (a sample that was quiet by chance claims high)
-    if undecided:
-        earlier = f" ({_rate_text(previous.max_rate_rps)} at {previous.requests:,})" if previous else ""
-        logger.info("the highest rate within the %g ms budget, %s, is not settled at %s simulated requests%s: claimed "
-                    "as it stands", budget_ms, _rate_text(search.max_rate_rps), f"{requests:,}", earlier)  # fmt: skip
-    return replace(search, simulations=runs, requests=last.requests, undecided=undecided)
-
-
-def _rate_text(rate_rps: float | None) -> str:
-    """A searched rate as the report's serving table writes it (82,365 req/s), or that none met the budget."""
-    return "no rate" if rate_rps is None else f"{rate_rps:,.0f} req/s"
-
-
-def _close(before: float | None, after: float | None) -> bool:
-    """Two searches' rates agree within RESOLUTION (neither found one: agreed)."""
-    if before is None or after is None:
-        return before is after
-    return abs(after - before) <= RESOLUTION * after
-
-
-def _search_once(
-    replay: LoadReplay, budget_ms: float, *, overhead_ms: float, rel_tol: float, max_simulations: int
-) -> RateSearch:
-    """On the replay's draws: try the rates of a geometric grid from capacity / 2 down to capacity / 2^12 until one
-    passes (where capacity / 2 fails, first 15/16 down to 9/16 of capacity), then bisect to `rel_tol` between it and
-    the next one up (which failed, or is capacity). A rate at or above
-    capacity fails whatever its simulated p99 (a fast model drains a finite simulation within the budget at any
-    rate). From the top, not doubling from the lowest rate until one fails: with batching, p99 falls as the rate
-    rises (batches fill before the queue delay runs out), so a long queue delay fails every low rate and passes
-    higher ones, and p99 can fail and pass again as rates rise. Bounded: at most `max_simulations` simulations.
-    `undecided`: the rate RESOLUTION above the one found (or, none found, the grid's lowest) is neither shown within
-    nor over the budget: the bound is too loose to place the edge within RESOLUTION."""
-    runs = 0
-
-    def verdict(rate: float) -> tuple[Verdict, LoadStats | None]:
-        nonlocal runs
-        runs += 1
-        return replay.verdict(rate, budget_ms, overhead_ms=overhead_ms)
-
-    low, high, best, lowest = 0.0, replay.capacity_rps, None, Verdict.FAIL
-    grid = [replay.capacity_rps / 2**step for step in range(1, _GRID_STEPS + 1)]
-    for rate in grid:  # from the top: the first rate passing is the grid's highest
-        lowest, stats = verdict(rate)
-        if lowest is Verdict.PASS:
-            low, best = rate, stats
-            break
-        if rate == grid[0]:  # capacity / 2 did not pass: the rates above it first
-            for upper in (fraction * replay.capacity_rps for fraction in _UPPER_GRID):
-                judged, stats = verdict(upper)
-                if judged is Verdict.PASS:
-                    low, best = upper, stats
-                    break
-                high = upper
-            if best is not None:
-                break
-        high = rate
-    requests = replay.draws.requests
-    if best is None:
-        return RateSearch(budget_ms, None, None, runs, requests, lowest is Verdict.UNDECIDED)
-    while runs < max_simulations and (high - low) > rel_tol * low:
-        middle = (low + high) / 2
-        judged, stats = verdict(middle)
-        if judged is Verdict.PASS:
-            low, best = middle, stats
-        else:
-            high = middle
-    beyond = low * (1 + RESOLUTION)
-    undecided = beyond < replay.capacity_rps and verdict(beyond)[0] is Verdict.UNDECIDED
-    return RateSearch(budget_ms, low, best, runs, requests, undecided)

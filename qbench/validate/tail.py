@@ -129,3 +129,8 @@ class ShareOver:
             self._over += int(np.count_nonzero(latencies[max(self._first - self._requests, 0) :] > self._threshold))
         self._batches, self._requests = len(counts), done
         return self._first is not None and self._over / (self._arrivals.size - self._first) > self._share
+
+    @property
+    def batches(self) -> int:
+        """The batches taken so far (the run's, when it stopped as decided)."""
+        return self._batches

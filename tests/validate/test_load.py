@@ -17,9 +17,9 @@ from qbench.validate.load import (
     LoadReplay,
     MeasuredServiceTimes,
     capacity_rps,
-    search_max_rate,
     simulate,
 )
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.tail import Verdict
 
 D_MS = 2.0  # fixed service time
@@ -111,8 +111,10 @@ def test_overload_is_seen_in_the_tail():
 
 
 def test_max_rate_search_finds_the_edge():
+    """Unbounded in batches (this seed's rounds settle at 320,000 requests, 3 million batches; within MAX_BATCHES
+    the search stops at 80,000, unsettled, and claims the lower of its last two rounds: 257.8 against 273.4 req/s)."""
     service, batcher, draws = FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5000, seed=4)
-    found = search_max_rate(LoadReplay(service, batcher, draws), 10.0, rel_tol=0.01)
+    found = search_max_rate(LoadReplay(service, batcher, draws), 10.0, rel_tol=0.01, max_batches=None)
     assert found.max_rate_rps is not None and found.at_max is not None
     assert found.at_max.p99_ms <= 10.0
     assert simulate(service, batcher, found.max_rate_rps * 1.02, draws).p99_ms > 10.0
@@ -367,19 +369,19 @@ def test_an_unsettled_search_logs_its_rates_and_requests_as_the_report_writes_th
     """Two searches (5,000 then 20,000 requests, the most allowed) disagree: the sweep's log line says so with the
     rates rounded and grouped as the serving table writes them (`make demo` printed `82365.15585088849 req/s ...
     (123026.43532158028 req/s at a quarter of them)`), and the earlier search's own requests."""
-    import qbench.validate.load as load_module
-    from qbench.validate.load import RateSearch
+    import qbench.validate.load_search as search_module
+    from qbench.validate.load_search import RateSearch
 
     scripted = iter([RateSearch(10.0, 123026.43532158028, None, 20, 5_000, undecided=True),
                      RateSearch(10.0, 82365.15585088849, None, 20, 20_000, undecided=True)])  # fmt: skip
-    monkeypatch.setattr(load_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
+    monkeypatch.setattr(search_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
     replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5_000, seed=0))
     with caplog.at_level(logging.INFO, logger="qbench"):
         search = search_max_rate(replay, 10.0, max_requests=20_000)
     assert (search.max_rate_rps, search.undecided, search.requests) == (82365.15585088849, True, 20_000)
-    assert [r.getMessage() for r in caplog.records if r.name == "qbench.validate.load"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "qbench.validate.load_search"] == [
         "the highest rate within the 10 ms budget, 82,365 req/s, is not settled at 20,000 simulated requests "
-        "(123,026 req/s at 5,000): claimed as it stands"]
+        "(123,026 req/s at 5,000), the most allowed: claimed 82,365 req/s"]
 
 
 def test_a_settled_search_claiming_the_lower_of_two_agreeing_rates_says_it_settled(monkeypatch):
@@ -387,12 +389,12 @@ def test_a_settled_search_claiming_the_lower_of_two_agreeing_rates_says_it_settl
     it decided its edge, 2 % above the first (within RESOLUTION). The lower rate is claimed, and the search settled:
     the result says so, with the requests of the last search (claiming the first search's own undecided flag and
     requests made the report show `5,000 (not settled)` for a settled search)."""
-    import qbench.validate.load as load_module
-    from qbench.validate.load import RateSearch
+    import qbench.validate.load_search as search_module
+    from qbench.validate.load_search import RateSearch
 
     scripted = iter([RateSearch(10.0, 100.0, None, 20, 5_000, undecided=True),
                      RateSearch(10.0, 102.0, None, 20, 20_000, undecided=False)])  # fmt: skip
-    monkeypatch.setattr(load_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
+    monkeypatch.setattr(search_module, "_search_once", lambda replay, budget_ms, **options: next(scripted))
     replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5_000, seed=0))
     search = search_max_rate(replay, 10.0)
     assert (search.max_rate_rps, search.undecided, search.requests, search.simulations) == (100.0, False, 20_000, 40)

@@ -15,8 +15,8 @@ from qbench.validate.load import (
     Draws,
     LoadReplay,
     MeasuredServiceTimes,
-    search_max_rate,
 )
+from qbench.validate.load_search import search_max_rate
 from qbench.validate.tail import ShareOver, Verdict
 
 
