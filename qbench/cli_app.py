@@ -125,7 +125,8 @@ def sweep(
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
             err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
             if outcome.mlflow_run_id:
-                err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)")
+                err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)",
+                                  markup=False)
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:
                 untracked = "MLflow tracking failed during the sweep"
@@ -271,9 +272,9 @@ def explain(
     print_wide(explain_table(outcome.result, top), out)
     for note in outcome.result.notes:
         out.print(f"note: {escape(note)}")
-    err_console.print(f"explain: {outcome.directory}")
+    err_console.print(f"explain: {outcome.directory}", markup=False)  # a folder '[wip]' is no style
     if outcome.mlflow_run_id:
-        err_console.print(f"MLflow run: {outcome.mlflow_run_id}")
+        err_console.print(f"MLflow run: {outcome.mlflow_run_id}", markup=False)
     return 0
 
 

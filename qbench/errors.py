@@ -66,13 +66,19 @@ class MissingExtraError(QbenchError):
         self.extra = extra
 
 
+# A run of whitespace that breaks or tabs a line: spaces around a line break, an indented continuation
+_LINE_BREAKS = re.compile(r" *(?:[\n\r\t\v\f\x1c-\x1e\x85\u2028\u2029] *)+")
+
+
 def one_line(text: object, limit: int | None = None) -> str:
-    """`text` (a message, an exception) with every run of whitespace (newlines included) made one space, whole.
+    """`text` (a message, an exception) with every run of whitespace that holds a line break or a tab made one space,
+    whole. Runs of spaces alone are kept: they are part of a value quoted in the message (a slice value '  ' of two
+    spaces was shown as ' ', and the named slice the error wrote to join it, `in: ["", " "]`, missed its rows).
 
     `limit` cuts it to that many characters, ending in '…': only for a table cell or a tag, or for another library's
     text quoted inside a message of qbench's own, never for a message shown to the user as a whole (its end is
     usually the fix)."""
-    flat = re.sub(r"\s+", " ", str(text)).strip()
+    flat = _LINE_BREAKS.sub(" ", str(text)).strip()
     return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
 
 

@@ -37,12 +37,14 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from qbench.backends import Backend, get_backend
 from qbench.backends.base import RunOptions
 from qbench.console import print_wide
-from qbench.errors import QbenchError, expected_one_of
+from qbench.errors import QbenchError, expected_one_of, plain_name
 from qbench.explain_graph import float_keeper, quantized_nodes, sqnr_costs
 from qbench.explain_rank import (
     NodeCost,
@@ -291,21 +293,25 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     caveat = caveat if result.explains_little else ""
     shown_breach = result.method != "sqnr" and finite(result.breach) and result.breach > 0
     past = f"; {figure(result.breach)} past the gate's tolerances, summed, ranked first" if shown_breach else ""
-    table = Table(title=f"{explained}: {result.method} by {result.group_by}, {result.metric} "
-                        f"(the variant drops {signed(result.drop)} overall{on_worst}{past}{caveat})", title_justify="left")  # fmt: skip
+    # Text, never markup: a node or slice name is the model's or the data's ('dup[/tf]' stopped the command once
+    # every candidate was measured, '[unknown]' printed as nothing), and a newline in one is shown escaped
+    table = Table(title=Text(f"{explained}: {result.method} by {result.group_by}, {result.metric} "
+                             f"(the variant drops {signed(result.drop)} overall{on_worst}{past}{caveat})"),
+                  title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type"]
     columns += [{"leave_one_out": "breach recovered", "one_at_a_time": "breach alone"}[result.method]] if shown_breach else []
     columns += [f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
     for column in [*columns, "share"]:
-        table.add_column(column, justify="left" if column in (result.group_by, "op type") else "right")
+        table.add_column(escape(column), justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):
         values = [signed(cost.breach)] if shown_breach else []
         values += [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
         values += [signed(cost.worst_slice)] if shown_worst else []
         share = percent(cost.share) if math.isfinite(cost.share) else "—"
-        table.add_row(str(rank), cost.group, ",".join(cost.op_types), *values, share)
+        cells = [str(rank), plain_name(cost.group), ",".join(cost.op_types), *values, share]
+        table.add_row(*(Text(cell) for cell in cells))
     return table
 
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from qbench.errors import plain_name
 from qbench.report_grid import NONE, Cell, Grid, html_inline, markdown_table, md_cell, short, to_html
 from qbench.results import SweepResults
 from qbench.results_ranges import LimitCheck, TensorPeak
@@ -42,7 +43,8 @@ class RangeView:
 
 
 def _peaks(peaks: Sequence[TensorPeak]) -> str:
-    shown = ", ".join(f"`{p.tensor}` from node `{p.node}` ({_magnitude(p.abs_max)} > {_magnitude(p.limit)}"
+    shown = ", ".join(f"`{plain_name(p.tensor)}` from node `{plain_name(p.node)}` ({_magnitude(p.abs_max)} > "
+                      f"{_magnitude(p.limit)}"
                       f"{f': {p.handled}' if p.handled else ''})" for p in peaks[:_PEAKS_SHOWN])  # fmt: skip
     return shown + (f", and {len(peaks) - _PEAKS_SHOWN} more" if len(peaks) > _PEAKS_SHOWN else "")
 
@@ -83,7 +85,8 @@ def range_view(results: SweepResults) -> RangeView | None:
         counts = {"overall": results.calibration.size, **counts}
     rows: list[list[Cell]] = [
         [r.variant, r.scope, str(counts.get(r.scope, NONE)), f"{r.share * 100:.3g}%",
-         f"{r.worst_node} ({r.worst_tensor}, {r.worst_share * 100:.3g}%)" if r.worst_node else NONE]
+         f"{plain_name(r.worst_node)} ({plain_name(r.worst_tensor)}, {r.worst_share * 100:.3g}%)" if r.worst_node
+         else NONE]  # a converter's name: one holding a newline is quoted with escapes, not shown as another name
         for r in analysis.clipping
     ]  # fmt: skip
     headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]

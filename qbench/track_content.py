@@ -78,6 +78,22 @@ def _slice_segment(name: str) -> str:
     return sanitise_name(name.replace("/", "_"))[:120]
 
 
+SLICE_KEY_PARAM = "slice_key"  # slice_key/<segment> = the slice's name, where the key does not spell it
+
+
+def slice_segments(names: Iterable[str]) -> dict[str, str]:
+    """Each slice name's key segment: `_slice_segment`, told apart by a digest where names clean alike."""
+    return unique_names(names, _slice_segment)
+
+
+def slice_key_params(segments: Mapping[str, str]) -> dict[str, str]:
+    """`slice_key/<segment>` = the slice's name, for each segment that does not spell its name with '=' written '_'
+    (`grp=a/b` as `grp_a_b`, an emoji as `_`, names cleaning alike told apart by a digest): the MLflow UI shows which
+    slice a key such as `slice/grp___1a8b3d/accuracy` stands for, where only results.json said so."""
+    return {f"{SLICE_KEY_PARAM}/{segment}": param_value(name) for name, segment in segments.items()
+            if segment != name.replace("=", "_")}  # fmt: skip
+
+
 def fit_value(value: str, limit: int) -> str:
     """`value` within MLflow's `limit` characters, an ellipsis marking a cut (a cut JSON list would otherwise read as
     the whole of it in the UI)."""
@@ -166,7 +182,7 @@ def _accuracy_metrics(variant: VariantResult) -> dict[str, float]:
         return {}
     metrics = {"eval_rows": float(accuracy.rows), "nonfinite_outputs": float(accuracy.nonfinite_outputs)}
     metrics |= _scope_metrics(accuracy.overall, "")
-    segments = unique_names((s.name for s in accuracy.slices), _slice_segment)
+    segments = slice_segments(s.name for s in accuracy.slices)
     for scope in accuracy.slices:
         prefix = f"slice/{segments[scope.name]}/"
         metrics |= _scope_metrics(scope, prefix) | {f"{prefix}size": float(scope.size)}
@@ -201,6 +217,8 @@ def variant_params(results: SweepResults, variant: VariantResult) -> dict[str, s
         params["fidelity.method"] = param_value(variant.fidelity.method)
     if variant.evaluated_model_path:
         params["evaluated_model_path"] = param_value(variant.evaluated_model_path)
+    if variant.accuracy is not None:
+        params |= slice_key_params(slice_segments(s.name for s in variant.accuracy.slices))
     calibration = results.calibration
     if calibration is not None and uses_calibration(variant):
         params |= {"calibration.samples": str(calibration.size), "calibration.seed": str(calibration.seed),
@@ -286,7 +304,7 @@ def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
             "calibration.stratify_by": str(c.stratify_by),
             "calibration.row_ids_sha256": c.row_ids_sha256,
         }
-    return {sanitise_name(k): param_value(v) for k, v in params.items()}
+    return {sanitise_name(k): param_value(v) for k, v in params.items()} | slice_key_params(_sweep_segments(results))
 
 
 def gate_tags(gate: GateReport | None, key: str | None = None) -> dict[str, str]:
@@ -349,9 +367,16 @@ def sweep_metrics(results: SweepResults, gate: GateReport | None) -> dict[str, f
         for what, counts in figures.items():
             columns = unique_names(counts, _slice_segment)  # columns "a,b" and "a_b" keep a figure each
             metrics |= {f"{kind}/{_slice_segment(what)}/{columns[column]}": float(n) for column, n in counts.items()}
-    scopes = unique_names(results.distinct_inputs, _slice_segment)  # scopes whose rows repeat an input
+    scopes = _sweep_segments(results)
     metrics |= {f"distinct_inputs/{scopes[scope]}": float(n) for scope, n in results.distinct_inputs.items()}
-    return metrics | _range_metrics(results) | _search_metrics(results)
+    return metrics | _range_metrics(results, scopes) | _search_metrics(results)
+
+
+def _sweep_segments(results: SweepResults) -> dict[str, str]:
+    """The key segments of the slices the sweep's run logs figures of (the range analysis', those whose rows repeat
+    an input): one mapping, so that a `slice_key/` param names one slice."""
+    ranges = results.ranges.abs_max if results.ranges is not None else {}
+    return slice_segments([*results.distinct_inputs, *ranges])
 
 
 def _search_metrics(results: SweepResults) -> dict[str, float]:
@@ -370,14 +395,13 @@ def _search_metrics(results: SweepResults) -> dict[str, float]:
     return metrics
 
 
-def _range_metrics(results: SweepResults) -> dict[str, float]:
+def _range_metrics(results: SweepResults, segments: Mapping[str, str]) -> dict[str, float]:
     """range/<slice>/<format>_overflow_tensors for raw format limits (tensors the sweep's FP16 variants keep in FP32
     or found harmless to clamp or overflow are not FP16 overflows: not counted), range/<variant>/<slice>/clipped_share.
     Path segments, not dots: names hold dots, and variant "a" with slice "b.c" read as variant "a.b" with slice "c"."""
     analysis = results.ranges
     if analysis is None:
         return {}
-    segments = unique_names(analysis.abs_max, _slice_segment)
     variants = unique_names((r.variant for r in analysis.clipping), _slice_segment)
     metrics = {f"range/{segments[scope]}/{check.format}_overflow_tensors": float(sum(p.handled is None for p in peaks))
                for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip

@@ -190,3 +190,11 @@ def test_a_package_that_is_installed_but_cannot_load_is_not_called_missing() -> 
     assert str(error) == "onnxruntime is not installed: install it with `pip install 'qbench[cpu]'`"
     assert str(MissingExtraError("tensorrt", "tensorrt", hint="see NVIDIA's index")) == (
         "tensorrt is not installed: install it with `pip install 'qbench[tensorrt]'`. see NVIDIA's index")
+
+
+def test_one_line_joins_lines_but_keeps_the_spaces_of_a_quoted_value() -> None:
+    """Every run of whitespace was made one space: a value of two spaces, or a node 'a  b', was shown otherwise."""
+    from qbench.errors import one_line
+
+    assert one_line("no node named 'a  b'\n    (did you mean 'a  c'?)\t ") == "no node named 'a  b' (did you mean 'a  c'?)"
+    assert one_line("x \r\n\n  y\u2028z") == "x y z" and one_line("1\u00a0000") == "1\u00a0000"

@@ -589,3 +589,24 @@ def test_an_explain_file_meeting_a_full_disk_is_one_error_naming_it_and_leaves_n
     assert "\n" not in str(raised.value)
     [folder] = folders() - before
     assert (folder / "explain.json").is_file() and not list(folder.glob("*table.txt*"))
+
+
+def test_explain_table_prints_node_and_slice_names_as_they_are_never_as_markup():
+    """A tf2onnx-style node 'while[/body]/MatMul' stopped `qbench explain` with rich's MarkupError once every
+    candidate was measured; a slice 'grp=[unknown]' printed as 'grp=' in the title and its column; a node name
+    holding a newline was split over two rows."""
+    from rich.console import Console
+
+    from qbench.explain import ExplainResult, explain_table
+    from qbench.explain_rank import NodeCost
+
+    costs = (NodeCost("while[/body]/MatMul", ("while[/body]/MatMul",), ("MatMul",), 0.02, 0.05, 0.7, 1e-3),
+             NodeCost("fc\nPASS", ("fc\nPASS",), ("Gemm",), 0.01, 0.02, 0.3, 1e-3))  # fmt: skip
+    result = ExplainResult("r", "int8", "minmax", "leave_one_out", "node", "accuracy", "onnxruntime-cpu", 100,
+                           0.03, "grp=[unknown]", 0.07, 2, costs)  # fmt: skip
+    console = Console(width=250, record=True)
+    console.print(explain_table(result, 10))
+    text = console.export_text()
+    assert "while[/body]/MatMul" in text and "'fc\\nPASS'" in text
+    assert "+0.0700 on grp=[unknown]" in " ".join(text.split()) and "recovered on grp=[unknown]" in text
+    assert not any(line.lstrip("│ ").startswith("PASS") for line in text.splitlines())

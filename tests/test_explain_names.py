@@ -123,3 +123,22 @@ def test_explaining_a_variant_calibrated_on_zeros_says_the_calibration_left_noth
     (error,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert error.startswith("error: explain: variant 'int8' quantizes no node, so nothing to explain: ")
     assert "node(s) had no usable calibration range (" in error and ": 0 on every calibration row" in error
+
+
+def test_an_empty_exclude_nodes_name_is_answered_with_the_names_given_to_unnamed_nodes(tmp_path):
+    """Converters leave nodes unnamed; qbench names them <op type>_<position> on load, but `exclude_nodes: ['']` was
+    answered `no node named '' in the model`, false of a model holding two unnamed nodes, and silent on what to write."""
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["r"], name="act"), helper.make_node("MatMul", ["r", "w"], ["m"]),
+         helper.make_node("Identity", ["m"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], initializer=[w],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "m.onnx"))
+    model = load_model(tmp_path / "m.onnx")
+    with pytest.raises(QbenchError, match=r"exclude_nodes: got an empty name; expected a node's name: a node the model "
+                                          r"leaves unnamed is named <op type>_<its position in the main graph, from 0> "
+                                          r"\(here 'MatMul_1', 'Identity_2'\)$"):  # fmt: skip
+        resolve_node_names(model, [""], "v")
+    assert resolve_node_names(model, ["MatMul_1"], "v") == ["MatMul_1"]

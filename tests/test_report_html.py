@@ -255,3 +255,18 @@ def test_a_figure_in_the_data_units_too_small_for_four_decimals_is_not_shown_as_
     tree = Tree(f"<table><tr>{_cell(scope, 'mae', None, 'int8@cpu')}</tr></table>")
     [cell] = tree.find("td")
     assert cell.text == "2.00e-05 (+1.00e-05)" and cell.attrs["title"] == "drop +1.00e-05"
+
+
+def test_a_node_name_holding_a_newline_is_quoted_in_the_range_sections_not_shown_as_another_name() -> None:
+    """A converter's node 'fc\\nPASS' was shown as `fc PASS` in report.md (md_cell joins lines): no node of that
+    name exists, and `exclude_nodes: [fc PASS]` copied from it is refused. It is now quoted with escapes."""
+    from qbench.report_ranges import ranges_section
+
+    node = "fc\nPASS"
+    ranges = dataclasses.replace(
+        RANGES, nodes={"x": "<graph input>", "conv": node},
+        limits=(LimitCheck("fp16", 65504.0, None, {"dark": (TensorPeak("conv", node, 7e4, 65504.0),)}),),
+        clipping=(ClipRecord("int8_minmax", "dark", 2, 8, 0.25, "conv", node, 0.25),), warnings=(),
+    )  # fmt: skip
+    text = ranges_section(dataclasses.replace(breach_sweep(), ranges=ranges))
+    assert "from node `'fc\\nPASS'`" in text and "| 'fc\\nPASS' (conv, 25%) |" in text and "fc PASS" not in text

@@ -57,3 +57,25 @@ def test_the_sweeps_gate_tag_says_interrupted_where_a_signal_ended_the_command_b
     assert gate_tags(GateReport(metric="accuracy", problems=(stopped,), interrupted=stopped))[GATE_TAG] == "interrupted"
     assert gate_tags(GateReport(metric="accuracy", problems=("results incomplete",)))[GATE_TAG] == "unusable"
     assert gate_tags(GateReport(metric="accuracy"))[GATE_TAG] == "pass"
+
+
+def test_a_slice_key_that_does_not_spell_its_slice_names_it_in_a_param() -> None:
+    """Slices `grp=🙂` and `grp=😀` were logged as slice/grp___<digest>/... and `grp=a/b` as slice/grp_a_b/...
+    with nothing in MLflow saying which key stood for which slice; `grp=c:d` (kept as grp_c:d) needs no mapping."""
+    from sweep_factory import make_slice
+
+    from qbench.results import AccuracyResult
+    from qbench.track_content import variant_metrics, variant_params
+
+    names = ["grp=🙂", "grp=😀", "grp=a/b", "grp=c:d"]
+    slices = tuple(make_slice(n, 50, 0.9, 0.9) for n in names)
+    accuracy = AccuracyResult(rows=200, nonfinite_outputs=0, overall=make_slice("overall", 200, 0.9, 0.9),
+                              slices=slices)  # fmt: skip
+    variant = dataclasses.replace(make_variant("int8", "int8"), accuracy=accuracy)
+    results = make_sweep([make_variant("fp32", "fp32"), variant])
+    params, metrics = variant_params(results, variant), variant_metrics(results, variant)
+    mapped = {k.removeprefix("slice_key/"): v for k, v in params.items() if k.startswith("slice_key/")}
+    assert sorted(mapped.values()) == ["grp=a/b", "grp=😀", "grp=🙂"]
+    assert mapped["grp_a_b"] == "grp=a/b" and "slice/grp_c:d/accuracy" in metrics
+    for segment, name in mapped.items():  # each param names the slice whose figures its key holds
+        assert metrics[f"slice/{segment}/size"] == 50.0 and segment.startswith("grp__") == (name != "grp=a/b")

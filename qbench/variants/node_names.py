@@ -6,6 +6,7 @@ of the main graph can be named, since every ONNX build rewrites the main graph o
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 import onnx
@@ -39,6 +40,8 @@ def main_graph_nodes(model: onnx.ModelProto, name: str) -> list[str]:
         if node and (node not in owners or owner is None):  # a main-graph node of that name wins
             owners[node] = owner
     known = list(owners)
+    if not name:
+        raise QbenchError(f"got an empty name; expected a node's name: {_UNNAMED_RULE}{_unnamed_hint(model)}")
     under = [] if name in owners else [k for k in known if k.startswith(f"{name.rstrip('/')}/")]
     matched = [name] if name in owners else under
     if not matched:
@@ -61,6 +64,19 @@ def _nodes_with_owner(
         yield node.name, owner
         for body in subgraphs_of(node):
             yield from _nodes_with_owner(body, owner or node)
+
+
+_UNNAMED_RULE = "a node the model leaves unnamed is named <op type>_<its position in the main graph, from 0>"
+
+
+def _unnamed_hint(model: onnx.ModelProto) -> str:
+    """The names qbench gave the main graph's unnamed nodes (onnx_utils.name_unnamed_nodes), as far as they show."""
+    given = [node.name for index, node in enumerate(model.graph.node)
+             if re.fullmatch(rf"{re.escape(node.op_type)}_{index}(_\d+)?", node.name)]  # fmt: skip
+    if not given:
+        return ""
+    shown = ", ".join(repr(k) for k in given[:5]) + (f" and {len(given) - 5} more" if len(given) > 5 else "")
+    return f" (here {shown})"
 
 
 def _node_hint(name: str, known: list[str]) -> str:

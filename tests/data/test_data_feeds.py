@@ -255,9 +255,9 @@ def test_text_cannot_feed_a_float_input() -> None:
 
 @pytest.mark.parametrize(("shape", "first"), [((None, 2, 3), "column 'x' holds cells of 1 value (shape ()), but model "
                                                 "input 'x' expects shape (batch, 2, 3)"),
-                                               ((None,), "column 'x' holds non-numeric values such as '[0. "
-                                                         "0.14285714 0.28571429 0.4285...', but model input 'x' "
-                                                         "expects float32")])
+                                               ((None,), "column 'x' holds non-numeric values such as '[0.  "
+                                                         "       0.14285714 0.28571429 0.4285...', but model input "
+                                                         "'x' expects float32")])  # the cell's spaces as they are
 def test_arrays_pandas_wrote_to_csv_as_numpy_prints_them_are_named_so(tmp_path: Path, shape, first) -> None:
     """pandas' to_csv writes an array cell as NumPy prints it ('[ 0.5 -1.25  3. ]', wrapped over lines when long): no
     JSON list, so the column stays text, and the error named only the shape (or the whole text, hundreds of

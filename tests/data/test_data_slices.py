@@ -257,3 +257,19 @@ def test_values_alike_only_as_numbers_or_outside_a_true_false_column_stay_apart(
     for values in (["2.1", "2.10", "2.1"], ["1", "yes", "maybe", "0"], ["N", "S", "E"]):
         masks = slice_masks(pd.DataFrame({"w": values}), [SliceSpec(by="w")], recipe_file=RECIPE)
         assert len(masks) == len(set(values))
+
+
+def test_the_named_slice_a_spelling_error_writes_selects_every_spelling_it_names() -> None:
+    """Spellings '' and '  ' (two spaces) were shown as ("", " "): the error's message was flattened, every run of
+    spaces made one, so the named slice it wrote, `in: ["", " "]`, missed the two-space rows. The filter it writes
+    now selects exactly the rows of both spellings."""
+    import yaml
+
+    table = pd.DataFrame({"w": ["", "  ", "  ", "a", "b"]})
+    with pytest.raises(RecipeError) as info:
+        slice_masks(table, [SliceSpec(by="w")], recipe_file=RECIPE)
+    message = str(info.value)
+    assert '("", "  ")' in message
+    written = yaml.safe_load(message[message.index("{name: "):])
+    masks = slice_masks(table, [SliceSpec(**written)], recipe_file=RECIPE)
+    assert list(np.flatnonzero(masks[written["name"]])) == [0, 1, 2]
