@@ -190,6 +190,19 @@ def test_inputs_that_disagree_on_axis_0_share_no_batch_and_are_refused(tmp_path:
     assert fixed_batch(_recipe(tmp_path), _named(x=("batch", "n", 8), mask=("batch", "n"), lengths=(1,))) is None
 
 
+def test_an_initial_state_of_one_layer_beside_a_dynamic_batch_is_a_fixed_batch_of_1(tmp_path: Path) -> None:
+    """A batch-first GRU with its initial state as an input: x ['batch', 5, 3], h0 [1, 'batch', 8] (torch lays h0
+    out layers-first even batch-first, so the advice to export batch-first cannot be followed). Refused as sharing
+    no batch axis; a batch of one row feeds both inputs one row (x [1, 5, 3], h0 [1, 1, 8]): a fixed batch of 1, as
+    every fixed axis 0 of 1 is. Two layers (h0 [2, 'batch', 8]) share no batch and stay refused."""
+    gru = _named(x=("batch", 5, 3), h0=(1, "batch", 8))
+    one = _recipe(tmp_path, latency={"batch_sizes": [1]})
+    assert fixed_batch(one, gru) == 1
+    assert fixed_batch(one, _named(x=("batch", 4), table=(1, 16), lengths=(1,))) == 1
+    with pytest.raises(RecipeError, match="share no batch axis: x \\['batch', 5, 3\\] leaves axis 0 dynamic, h0 \\[2,"):
+        fixed_batch(_recipe(tmp_path), _named(x=("batch", 5, 3), h0=(2, "batch", 8)))
+
+
 def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -> None:
     written = _recipe(tmp_path, latency={"iterations": 5})
     recipe = with_fixed_batch(written, 8)
