@@ -287,7 +287,8 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     """Rank, group, op types, the gate breach (when the variant breaches the gate: what ranks first), then the cost
     overall and on the variant's worst slice (sqnr: the added noise)."""
     what = {"leave_one_out": "recovered", "one_at_a_time": "drop", "sqnr": "added noise"}[result.method]
-    on_worst = f" and {signed(result.worst_slice_drop)} on {result.worst_slice}" if result.worst_slice else ""
+    worst = plain_name(result.worst_slice) if result.worst_slice else ""  # a slice is the data's: 'a\nb' quoted
+    on_worst = f" and {signed(result.worst_slice_drop)} on {worst}" if worst else ""
     explained = f"{result.variant} ({result.calibrator})" if result.calibrator not in ("", "None") else result.variant
     caveat = f"; the ranking explains only {percent(result.explained_share)} of it: see the note"
     caveat = caveat if result.explains_little else ""
@@ -302,7 +303,7 @@ def explain_table(result: ExplainResult, top: int) -> Table:
     columns = ["rank", result.group_by, "op type"]
     columns += [{"leave_one_out": "breach recovered", "one_at_a_time": "breach alone"}[result.method]] if shown_breach else []
     columns += [f"{what} overall" if result.method != "sqnr" else what]
-    columns += [f"{what} on {result.worst_slice}"] if shown_worst else []
+    columns += [f"{what} on {worst}"] if shown_worst else []
     for column in [*columns, "share"]:
         table.add_column(escape(column), justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):

@@ -610,3 +610,21 @@ def test_explain_table_prints_node_and_slice_names_as_they_are_never_as_markup()
     assert "while[/body]/MatMul" in text and "'fc\\nPASS'" in text
     assert "+0.0700 on grp=[unknown]" in " ".join(text.split()) and "recovered on grp=[unknown]" in text
     assert not any(line.lstrip("│ ").startswith("PASS") for line in text.splitlines())
+
+
+def test_explain_table_quotes_a_worst_slice_name_holding_a_newline():
+    """A slice value 'a\nb' (the data's) split the table's title and its column header over two lines, 'b' reading as
+    a line of its own; quoted with escapes as node names are."""
+    from rich.console import Console
+
+    from qbench.explain import ExplainResult, explain_table
+    from qbench.explain_rank import NodeCost
+
+    costs = (NodeCost("fc", ("fc",), ("Gemm",), 0.02, 0.05, 1.0, 1e-3),)
+    result = ExplainResult("r", "int8", "minmax", "leave_one_out", "node", "accuracy", "onnxruntime-cpu", 100,
+                           0.03, "grp=a\nb", 0.07, 2, costs)  # fmt: skip
+    console = Console(width=250, record=True)
+    console.print(explain_table(result, 10))
+    text = console.export_text()
+    assert "+0.0700 on 'grp=a\\nb'" in text and "recovered on 'grp=a\\nb'" in text
+    assert not any(line.lstrip("│ ").startswith("b") for line in text.splitlines())
