@@ -92,10 +92,15 @@ def check_node_names(recipe: Recipe, path: Path) -> None:
                 raise RecipeError(recipe.source, f"variants[{i}].exclude_nodes[{j}]", str(exc)) from None
 
 
-def unread_inputs(path: Path, outputs: Collection[str]) -> list[str]:
-    """The model's fed inputs (not initializers) that none of `outputs` is computed from, in the graph's order: read by
-    no node, or only by nodes no evaluated output depends on (what an If/Loop/Scan body reads from outside counts as
-    read by that node). Local functions are inlined first; a graph that cannot be read gives none."""
+_SHAPE_READERS = frozenset({"Shape", "Size"})  # read a tensor's dimensions, never its values
+
+
+def unread_inputs(path: Path, outputs: Collection[str]) -> dict[str, bool]:
+    """The model's fed inputs (not initializers) whose values none of `outputs` is computed from, in the graph's
+    order, each with whether its shape is read there: read by no node, only by nodes no evaluated output depends on,
+    or only through a Shape/Size (an attention mask an export dropped but for its length: padding then changes every
+    figure it should not). What an If/Loop/Scan body reads from outside counts as read by that node. Local functions
+    are inlined first; a graph that cannot be read gives none."""
     from qbench.modelinfo_classes import each_once
     from qbench.onnx_read import read_onnx
     from qbench.variants.onnx_utils import outer_scope_reads
@@ -103,28 +108,37 @@ def unread_inputs(path: Path, outputs: Collection[str]) -> list[str]:
     try:
         graph = read_onnx(path).graph
     except Exception:  # noqa: BLE001 - an unreadable model is refused by the checks that load it
-        return []
+        return {}
     producers = {out: node for node in graph.node for out in node.output if out}
     reached: set[str] = set()
+    shaped: set[str] = set()
     for output in outputs:
         for tensor, waiting in each_once(output):
             reached.add(tensor)
             node = producers.get(tensor)
-            if node is not None:
-                waiting.extend(name for name in (*node.input, *outer_scope_reads(node)) if name)
+            if node is None:
+                continue
+            if node.op_type in _SHAPE_READERS and node.domain in ("", "ai.onnx"):
+                shaped.update(name for name in node.input if name)
+                continue
+            waiting.extend(name for name in (*node.input, *outer_scope_reads(node)) if name)
     constants = {tensor.name for tensor in graph.initializer}
-    return [tensor.name for tensor in graph.input if tensor.name not in constants and tensor.name not in reached]
+    return {tensor.name: tensor.name in shaped for tensor in graph.input
+            if tensor.name not in constants and tensor.name not in reached}
 
 
 def warn_unread_inputs(recipe: Recipe, path: Path, outputs: Collection[str]) -> None:
-    """Log each model input that no evaluated output is computed from, with the data column feeding it: its cells are
-    read and fed, yet change no figure (a slice or id column fed as an input by mistake, a mask the graph ignores)."""
+    """Log each model input whose values no evaluated output is computed from, with the data column feeding it: its
+    cells are read and fed, yet change no figure (a slice or id column fed as an input by mistake, a mask the graph
+    ignores or reads only the length of)."""
     columns = {spec: column for column, spec in recipe.data.inputs.items() if isinstance(spec, str)}
-    for name in unread_inputs(path, outputs):
+    for name, shape_read in unread_inputs(path, outputs).items():
         fed = f" (fed from data column {columns[name]!r})" if name in columns else ""
-        logger.warning(f"model input {name!r}{fed} is read by no node that the evaluated output(s) "
-                       f"{', '.join(map(repr, outputs))} are computed from: its values change no figure; if the model "
-                       f"was meant to read it, check the export")  # fmt: skip
+        listed = ", ".join(map(repr, outputs))
+        how = (f"the evaluated output(s) {listed} are computed from its shape alone (Shape/Size), never its values"
+               if shape_read else f"no node the evaluated output(s) {listed} are computed from reads it")
+        logger.warning(f"model input {name!r}{fed}: {how}; its values change no figure; if the model was meant to read "
+                       f"them (a mask, padding), check the export")  # fmt: skip
 
 
 def check_backends(recipe: Recipe) -> None:
