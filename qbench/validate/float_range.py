@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from qbench.validate.metrics import row_blocks
+from qbench.validate.metrics import row_blocks, softmax
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,11 @@ def float_format(precision: str | None) -> FloatFormat | None:
     return FLOAT_FORMATS.get(precision or "")
 
 
-def _probabilities(reference: np.ndarray) -> np.ndarray:
-    """Softmax of float64 scores along the last axis, -inf (a class ruled out) at 0; NaN where a value is NaN/+inf."""
-    with np.errstate(invalid="ignore", over="ignore"):
-        shifted = reference - np.max(reference, axis=-1, keepdims=True)
-        exp = np.exp(shifted)
-        return exp / np.sum(exp, axis=-1, keepdims=True)
-
-
 def _beyond_block(outputs: np.ndarray, reference: np.ndarray, fmt: FloatFormat) -> np.ndarray:
     values, ref = outputs.astype(np.float64), reference.astype(np.float64)
     finite = np.isfinite(ref)
     with np.errstate(invalid="ignore"):
-        below = np.isneginf(values) & finite & (_probabilities(ref) < fmt.smallest)
+        below = np.isneginf(values) & finite & (softmax(ref) < fmt.smallest)
     above = np.isposinf(values) & finite & (ref > fmt.largest)
     above &= (np.count_nonzero(np.isposinf(values), axis=-1) == 1)[..., None]
     rounded = below | above
