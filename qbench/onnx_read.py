@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,20 @@ def _domains_used(graph: onnx.GraphProto) -> set[str]:
 SHAPE_INPUTS = {"Reshape": 1, "Expand": 1, "ConstantOfShape": 0, "Tile": 1}
 """Ops whose input at that position is a shape (Tile: repeats per axis): where it is a constant, its first value is
 the batch a graph fixes when it reshapes or broadcasts its rows to a constant size."""
+
+
+def computed_from_constants(graph: onnx.GraphProto, varies: Callable[[onnx.NodeProto], bool] | None = None) -> set[str]:
+    """The names of `graph`'s tensors that hold the same value on every run: initializers (a graph input of the same
+    name included: quantizers treat it as a weight), Constant nodes' outputs, and what other nodes compute from those
+    alone (a Cast or Transpose of a weight), in the graph's (topological) order. `varies`: nodes whose outputs never
+    count, however constant their inputs (a random draw)."""
+    constants = {tensor.name for tensor in graph.initializer}
+    for node in graph.node:
+        if varies is not None and varies(node):
+            continue
+        if node.op_type == "Constant" or (node.input and all(not name or name in constants for name in node.input)):
+            constants.update(name for name in node.output if name)
+    return constants
 
 
 def constant_leading_sizes(model: onnx.ModelProto) -> set[int]:

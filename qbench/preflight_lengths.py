@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from qbench.modelinfo_classes import each_once
-from qbench.onnx_read import infer_shapes, read_onnx
+from qbench.onnx_read import computed_from_constants, infer_shapes, read_onnx
 from qbench.preflight_random import RANDOM_OPS
 from qbench.validate.outputs import VARIABLE_SHAPE
 
@@ -92,7 +92,7 @@ def unfixed_length(path: Path, outputs: Sequence[str]) -> str | None:
     named = {dim.dim_param for dims in fed for dim in dims if dim.dim_param}
     batch = {dims[0].dim_param for dims in fed if dims and dims[0].dim_param}
     shapes = {value.name: value.type.tensor_type for value in (*graph.value_info, *graph.output, *graph.input)}
-    constant = _constant_tensors(graph)
+    constant = computed_from_constants(graph, _varies)
 
     def fixed_type(typed: Any) -> bool:
         return typed is not None and typed.HasField("shape") and all(
@@ -165,19 +165,13 @@ def _kept_axes(read: Any, inferred: Any) -> Any:
     return infer_shapes(model, data_prop=True)
 
 
-def _constant_tensors(graph: Any) -> set[str]:
-    """The main graph's tensors computed from constants alone (initializers, Constant nodes, and what nodes without
-    a subgraph or a random draw compute from those only): the same on every row and batch."""
+def _varies(node: Any) -> bool:
+    """A node whose outputs are no constants however constant its inputs: a random draw (other on every run), or one
+    holding a subgraph (an If's branch, a Loop's body), whose values this check does not follow."""
     from onnx import AttributeProto
 
-    constant = {tensor.name for tensor in graph.initializer}
-    for node in graph.node:  # in the graph's (topological) order
-        if node.op_type in RANDOM_OPS or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
-                                             for a in node.attribute):  # fmt: skip
-            continue
-        if node.op_type == "Constant" or (node.input and all(not name or name in constant for name in node.input)):
-            constant.update(name for name in node.output if name)
-    return constant
+    return node.op_type in RANDOM_OPS or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+                                             for a in node.attribute)  # fmt: skip
 
 
 def _runs_its_count(loop: Any, constant: set[str]) -> bool:
@@ -194,7 +188,7 @@ def _runs_its_count(loop: Any, constant: set[str]) -> bool:
     kept = body.output[0].name
     while kept in producers and producers[kept].op_type in ("Identity", "Cast"):
         kept = producers[kept].input[0]
-    return kept == body.input[1].name or kept in constant or kept in _constant_tensors(body)
+    return kept == body.input[1].name or kept in constant or kept in computed_from_constants(body, _varies)
 
 
 def _constant_count(model: Any, count: str, shapes: dict[str, Any], per_row: set[str] = frozenset()) -> bool:

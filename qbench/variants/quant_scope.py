@@ -27,22 +27,13 @@ from collections.abc import Collection
 
 import onnx
 
+from qbench.onnx_read import computed_from_constants
 from qbench.variants.onnx_utils import name_unnamed_nodes
 from qbench.variants.quantizable import ML_PREDICTOR_OP_TYPES, WEIGHTED_OP_TYPES, subgraph_read_producers
 
 # Layers whose weight is a constant operand; Gather-like lookups count when their table is a constant.
 _WEIGHTED_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Einsum", "LSTM", "GRU", "RNN"})
 _LOOKUP_OP_TYPES = frozenset({"Gather", "GatherElements", "GatherND", "Embedding"})
-
-def _constant_tensors(graph: onnx.GraphProto) -> set[str]:
-    """Initializers (graph inputs of the same name included: quantizers treat them as weights) and what is
-    computed from constants only (a Cast or Transpose of a weight)."""
-    constants = {t.name for t in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" or (node.input and all(not n or n in constants for n in node.input)):
-            constants.update(node.output)
-    return constants
-
 
 def _has_weights(node: onnx.NodeProto, constants: set[str]) -> bool:
     if node.domain == "ai.onnx.ml":
@@ -70,7 +61,7 @@ def predictor_output_nodes(model: onnx.ModelProto) -> list[str]:
 def _float_scope(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     """(preprocessing_nodes, predictor_output_nodes), found in one walk of the main graph in order."""
     graph = model.graph
-    constants = _constant_tensors(graph)
+    constants = computed_from_constants(graph)
     network: set[str] = set()  # tensors a standard-domain layer with weights has contributed to
     predicted: set[str] = set()  # tensors an ONNX-ML predictor has contributed to, and no such layer
     before: list[int] = []
@@ -109,7 +100,7 @@ def table_lookups(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str
     Such an op computes nothing with its table: it copies rows out. No integer kernel runs there, so quantizing the
     table only stores it in 8 bits and rounds every row read (ONNX Runtime's dynamic quantizer does so for Gather and
     EmbedLayerNormalization: a quarter more output error on an optimised BERT, no time saved)."""
-    constants = _constant_tensors(model.graph)
+    constants = computed_from_constants(model.graph)
     found = {}
     for node in model.graph.node:
         domain = "" if node.domain == "ai.onnx" else node.domain
