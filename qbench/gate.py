@@ -128,12 +128,17 @@ class GateReport:
         key = f"{variant}@{backend}"
         if key not in self.gated:
             return "not gated"
-        # a variant is judged against its backend's FP32, which must itself agree with the first backend's
-        fp32 = f"{self.reference}@{backend}"
-        owners = (key, fp32, None) if fp32 in self.gated else (key, None)
+        owners = (*self.judged_with(variant, backend), None)
         own = [c for c in self.checks if f"{c.variant}@{c.backend}" in owners]
         unjudged = any(problem_owner(self.gated, p) in owners for p in self.problems)
         return "fail" if unjudged or any(c.status == "breach" for c in own) else "pass"
+
+    def judged_with(self, variant: str, backend: str) -> tuple[str, ...]:
+        """The keys whose checks and problems a variant's verdict rests on: its own, and its backend's FP32 where that
+        is gated (a later backend's, judged against the first backend's: a variant is judged against it, so it must
+        itself agree)."""
+        key, fp32 = f"{variant}@{backend}", f"{self.reference}@{backend}"
+        return (key, fp32) if fp32 in self.gated and fp32 != key else (key,)
 
     def fp32_differs(self) -> dict[str, str]:
         """Backend -> the line saying its FP32 breaches against the first backend's FP32 (`reference_backend`), for

@@ -52,8 +52,7 @@ def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: Va
         return "reference" if variant.status == "ok" else "fail"
     if gate is None or f"{variant.key}" not in gate.gated:
         return "not gated"
-    fp32 = f"{results.reference}@{variant.backend}"
-    owners = (variant.key, fp32) if fp32 in gate.gated else (variant.key,)
+    owners = gate.judged_with(variant.variant, variant.backend)
     judged = [c for c in gate.checks if c.scope != SLO_SCOPE and f"{c.variant}@{c.backend}" in owners]
     unjudged = any((owner := problem_owner(gate.gated, p)) in (*owners, None) and not p.startswith(f"{owner}: SLO:")
                    for p in gate.problems)  # fmt: skip
