@@ -49,6 +49,7 @@ from qbench.variants.nonfinite_scan import holds_nonfinite, nonfinite_tensors
 from qbench.variants.onnx_utils import default_opset, load_model, quiet_stdout, save_model
 from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
+from qbench.variants.qdq_opset import qdq_runnable
 
 METHODS: dict[str, CalibrationMethod] = {
     name: CalibrationMethod[CALIBRATORS.get(name).onnxruntime] for name in CALIBRATORS if CALIBRATORS.get(name).computes_ranges
@@ -317,7 +318,7 @@ def clipping_ranges(ranges: TensorsData, tensors: Iterable[str], *, symmetric: b
 PRE_PROCESSED_OPSET = 11
 
 
-def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str]:
+def preprocess_model(model: onnx.ModelProto, directory: Path, minimum: int = PRE_PROCESSED_OPSET) -> tuple[Path, str]:
     """ORT's quantization pre-processing (shape inference) into `directory`; returns the path and what ran.
 
     ORT's graph optimiser step is skipped on purpose: it fuses and renames nodes
@@ -328,13 +329,17 @@ def preprocess_model(model: onnx.ModelProto, directory: Path) -> tuple[Path, str
     dropped from `model` first (in place): shape inference recomputes it.
     A model below opset 11 is raised to it here (`ensure_opset`: Upsample and Resize compute the same pixels), as
     ORT's pre-processing would: its own conversion stopped at an Upsample ('No Adapter From Version $9 for Resize')
-    and wrote a Resize-10 as a Resize-11 sampling other pixels.
+    and wrote a Resize-10 as a Resize-11 sampling other pixels. A model stamped at an opset whose QuantizeLinear/
+    DequantizeLinear the installed ONNX Runtime lacks is stamped lower where its nodes allow, never below `minimum`
+    (what the build needs: 21 for FP8's float8 Q/DQ, 13 for per-channel scales; `qdq_opset`).
     """
     del model.graph.value_info[:]
     path = directory / "preprocessed.onnx"
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
+    model, stamped = qdq_runnable(model, max(minimum, PRE_PROCESSED_OPSET))
+    raised += stamped
     # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
     big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
     external = big if over_protobuf_limit(model) else {}

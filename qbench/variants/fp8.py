@@ -122,7 +122,7 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         with build_step(spec.name, f"upgrading opset {original_opset} to {FP8_OPSET}"):
             model = ensure_opset(model, FP8_OPSET)
         with build_step(spec.name, "pre-processing"):
-            prepared, preprocess = preprocess_model(model, tmp)
+            prepared, preprocess = preprocess_model(model, tmp, FP8_OPSET)
         with build_step(spec.name, f"{settings.method} calibration"):
             calibrated = compute_ranges_with(settings, prepared, ctx.calibration, tmp)
             ranges = calibrated.ranges

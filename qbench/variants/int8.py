@@ -200,7 +200,7 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     params["subgraph_read_kept_float"], read_by_subgraphs = subgraph_read_kept_float(model, lowered_types)
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
-            prepared, params["preprocess"] = preprocess_model(model, tmp)
+            prepared, params["preprocess"] = preprocess_model(model, tmp, PER_CHANNEL_OPSET)
         ranges: TensorsData | None = None
         if isinstance(config, OrtStatic):
             static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types, exclude, notes)

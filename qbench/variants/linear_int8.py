@@ -31,6 +31,7 @@ from qbench.variants.node_names import resolve_node_names
 from qbench.variants.nonfinite_scan import kept_float_note, nodes_reading_nonfinite
 from qbench.variants.onnx_utils import Stopwatch, build_step, output_path, save_model, scratch_dir
 from qbench.variants.opset_upgrade import ensure_opset
+from qbench.variants.qdq_opset import qdq_runnable
 from qbench.variants.quantizable import nested_nodes_note
 from qbench.variants.reference import load_reference
 from qbench.variants.smoothquant import FOLD_PRODUCERS, SmoothQuantSettings, collect_channel_ranges, smooth_model
@@ -106,7 +107,9 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     params: dict[str, Any] = {"technique": spec.technique_name}
     with scratch_dir("qbench-linear-int8-") as tmp:
         with build_step(spec.name, "loading the FP32 model"):
-            model = ensure_opset(load_reference(ctx.reference_path.resolve()), 13)
+            model, stamped = qdq_runnable(ensure_opset(load_reference(ctx.reference_path.resolve()), 13), 13)
+        if stamped:
+            params["opset_stamped"] = stamped.removesuffix("; ")
         exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
         with build_step(spec.name, "folding weights computed from constants"):
             reads = [(node, index) for node in model.graph.node if node.op_type in LINEAR_OP_TYPES for index in (1, 2)]
