@@ -318,7 +318,7 @@ def clipping_ranges(ranges: TensorsData, tensors: Iterable[str], *, symmetric: b
 PRE_PROCESSED_OPSET = 11
 
 
-def preprocess_model(model: onnx.ModelProto, directory: Path, minimum: int = PRE_PROCESSED_OPSET) -> tuple[Path, str]:
+def preprocess_model(model: onnx.ModelProto, directory: Path, qdq_opset: int | None = None) -> tuple[Path, str]:
     """ORT's quantization pre-processing (shape inference) into `directory`; returns the path and what ran.
 
     ORT's graph optimiser step is skipped on purpose: it fuses and renames nodes
@@ -329,17 +329,19 @@ def preprocess_model(model: onnx.ModelProto, directory: Path, minimum: int = PRE
     dropped from `model` first (in place): shape inference recomputes it.
     A model below opset 11 is raised to it here (`ensure_opset`: Upsample and Resize compute the same pixels), as
     ORT's pre-processing would: its own conversion stopped at an Upsample ('No Adapter From Version $9 for Resize')
-    and wrote a Resize-10 as a Resize-11 sampling other pixels. A model stamped at an opset whose QuantizeLinear/
-    DequantizeLinear the installed ONNX Runtime lacks is stamped lower where its nodes allow, never below `minimum`
-    (what the build needs: 21 for FP8's float8 Q/DQ, 13 for per-channel scales; `qdq_opset`).
+    and wrote a Resize-10 as a Resize-11 sampling other pixels. For a build writing QuantizeLinear/DequantizeLinear
+    (`qdq_opset`: the opset it needs at least, 21 for FP8's float8, 13 for per-channel scales; None for a dynamic
+    build, which writes none), a model stamped at an opset whose Q/DQ the installed ONNX Runtime lacks is stamped
+    lower where its nodes allow (qbench.variants.qdq_opset).
     """
     del model.graph.value_info[:]
     path = directory / "preprocessed.onnx"
     original = default_opset(model)
     model = ensure_opset(model, PRE_PROCESSED_OPSET)
     raised = f"opset {original} raised to {PRE_PROCESSED_OPSET}; " if original < PRE_PROCESSED_OPSET else ""
-    model, stamped = qdq_runnable(model, max(minimum, PRE_PROCESSED_OPSET))
-    raised += stamped
+    if qdq_opset is not None:
+        model, stamped = qdq_runnable(model, max(qdq_opset, PRE_PROCESSED_OPSET))
+        raised += stamped
     # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
     big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
     external = big if over_protobuf_limit(model) else {}

@@ -200,7 +200,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     params["subgraph_read_kept_float"], read_by_subgraphs = subgraph_read_kept_float(model, lowered_types)
     with scratch_dir("qbench-int8-") as tmp:
         with build_step(spec.name, "pre-processing"):
-            prepared, params["preprocess"] = preprocess_model(model, tmp, PER_CHANNEL_OPSET)
+            qdq = PER_CHANNEL_OPSET if isinstance(config, OrtStatic) else None  # dynamic INT8 writes no Q/DQ
+            prepared, params["preprocess"] = preprocess_model(model, tmp, qdq)
         ranges: TensorsData | None = None
         if isinstance(config, OrtStatic):
             static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types, exclude, notes)

@@ -107,9 +107,11 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     params: dict[str, Any] = {"technique": spec.technique_name}
     with scratch_dir("qbench-linear-int8-") as tmp:
         with build_step(spec.name, "loading the FP32 model"):
-            model, stamped = qdq_runnable(ensure_opset(load_reference(ctx.reference_path.resolve()), 13), 13)
-        if stamped:
-            params["opset_stamped"] = stamped.removesuffix("; ")
+            model = ensure_opset(load_reference(ctx.reference_path.resolve()), 13)
+        if not config.dynamic:  # a dynamic build writes DynamicQuantizeLinear and MatMulInteger, no Q/DQ
+            model, stamped = qdq_runnable(model, 13)
+            if stamped:
+                params["opset_stamped"] = stamped.removesuffix("; ")
         exclude_nodes = resolve_node_names(model, config.exclude_nodes, spec.name)
         with build_step(spec.name, "folding weights computed from constants"):
             reads = [(node, index) for node in model.graph.node if node.op_type in LINEAR_OP_TYPES for index in (1, 2)]

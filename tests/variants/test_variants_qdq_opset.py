@@ -54,8 +54,7 @@ def runtime_lacks_newest_qdq() -> None:
 @pytest.mark.usefixtures("runtime_lacks_newest_qdq")
 @pytest.mark.parametrize("variant", [
     {"precision": "int8", "calibrator": "minmax"}, {"precision": "fp8", "calibrator": "minmax"},
-    {"precision": "int8", "calibrator": "minmax", "smoothquant": {"alpha": 0.5}},
-    {"precision": "int8", "calibrator": "dynamic"}])  # fmt: skip
+    {"precision": "int8", "calibrator": "minmax", "smoothquant": {"alpha": 0.5}}])  # fmt: skip
 def test_a_qdq_build_of_a_model_at_an_opset_without_qdq_kernels_loads_and_computes_what_it_computes(tmp_path, variant):
     """At opset 28 on ONNX Runtime 1.32 the static INT8 and FP8 builds did not load (`Could not find an
     implementation for QuantizeLinear(28)`); stamped at 14 (Add and Relu last changed at 14), they load, and give
@@ -80,6 +79,20 @@ def test_a_model_whose_own_nodes_need_that_opset_is_one_line_naming_the_node(tmp
         build_variant(VariantSpec(name="v", precision="int8", calibrator="minmax"),
                       BuildContext(reference_path=path, workdir=tmp_path / "w",
                                    calibration=[{"x": X[:16]}]))  # fmt: skip
+
+
+@pytest.mark.usefixtures("runtime_lacks_newest_qdq")
+@pytest.mark.parametrize("variant", [{"precision": "int8", "calibrator": "dynamic"},
+                                     {"precision": "int8", "calibrator": "dynamic", "smoothquant": {"alpha": 0.5}}])
+def test_a_dynamic_build_writes_no_qdq_and_keeps_the_models_opset(tmp_path, variant):
+    """Dynamic INT8 (DynamicQuantizeLinear, MatMulInteger) runs at that opset: such a model, its Cast included,
+    still builds, at its own opset, and stays within INT8 rounding of FP32."""
+    path = _mlp(tmp_path / "cast.onnx", NEWEST, cast=True)
+    built = build_variant(VariantSpec(name="v", **variant),
+                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[{"x": X[:16]}]))
+    assert default_opset(onnx.load(str(built.onnx_path))) == NEWEST
+    expected = _run(path)
+    assert 0 < np.abs(_run(built.onnx_path) - expected).max() < 0.05 * np.abs(expected).max()
 
 
 def test_the_stamp_is_the_newest_operator_version_among_the_nodes_local_functions_included(monkeypatch):
