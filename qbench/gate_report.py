@@ -167,9 +167,14 @@ def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
 def summary_line(report: GateReport) -> str:
     """The verdict, naming every breaching variant with its scopes and every variant that cannot be judged.
 
-    e.g. `gate: FAIL — 2 of 5 variants breach: int8@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
+    e.g. `gate: FAIL — 2 of 5 variants breach: int8-minmax@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
+
+    A variant is one on one backend (`variant@backend`); FP32 on a later backend, judged against the first backend's
+    FP32, is no variant and is counted apart: `2 variants × 4 scopes and FP32 on 1 later backend (judged against
+    onnxruntime-cpu's FP32)`, `FP32 on 1 of 1 later backend breaches: fp32@ort-b (overall)`.
     """
-    gated = len(report.gated)
+    later = _later_fp32(report, report.gated)
+    variants = len(report.gated) - len(later)
     parts: list[str] = []
     # a signal or an error after the verdict ended the command: the headline says so, and it is no problem with the
     # results (the JUnit error, the JSON's problems and the step summary carry its reason)
@@ -177,22 +182,45 @@ def summary_line(report: GateReport) -> str:
     if problems:
         unjudged = list(dict.fromkeys(o for p in problems if (o := problem_owner(report, p)) is not None))
         general = sum(problem_owner(report, p) is None for p in problems)
-        if unjudged:
-            parts.append(f"{len(unjudged)} of {plural(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
+        parts += _counted(report, unjudged, variants, len(later), "cannot be judged", "cannot be judged")
         if general:
             parts.append(f"{plural(general, 'problem')} with the results")
     breaching = _breaching_scopes(report)
     if breaching:
-        named = ", ".join(f"{key} ({named_some(scopes)})" for key, scopes in breaching.items())
-        verb = "breaches" if len(breaching) == 1 else "breach"
-        parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
+        named = [f"{key} ({named_some(scopes)})" for key, scopes in breaching.items()]
+        parts += _counted(report, named, variants, len(later), "breaches", "breach")
     tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
     if not parts and not report.checks:
         return f"gate: {headline(report)} — {tail}"
     if not parts:
         scopes = len({c.scope for c in report.checks})
-        return f"gate: {headline(report)} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
+        also = f" and FP32 on {plural(len(later), 'later backend')} ({_against(report)})" if later else ""
+        return f"gate: {headline(report)} — {plural(variants, 'variant')} × {plural(scopes, 'scope')}{also}, {tail}"
     return f"gate: {headline(report)} — {'; '.join(parts)}; {tail}"
+
+
+def _later_fp32(report: GateReport, named: list[str] | tuple[str, ...]) -> list[str]:
+    """Of `named` (keys, or keys followed by their scopes), those of FP32 on a later backend."""
+    return [n for n in named if report.reference and n.startswith(f"{report.reference}@")]
+
+
+def _against(report: GateReport) -> str:
+    return f"judged against {report.reference_backend}'s FP32" if report.reference_backend else "judged against FP32"
+
+
+def _counted(report: GateReport, named: list[str], variants: int, later: int, one: str, many: str) -> list[str]:
+    """'1 of 2 variants breaches: int8@ort (overall)' and 'FP32 on 1 of 1 later backend breaches: fp32@ort-b
+    (overall)', each where it names any: the variants apart from FP32 on a later backend."""
+    fp32 = _later_fp32(report, named)
+    own = [n for n in named if n not in fp32]
+    parts = []
+    if own:
+        parts.append(f"{len(own)} of {plural(variants, 'variant')} {one if len(own) == 1 else many}: {', '.join(own)}")
+    if fp32:
+        verb = one if len(fp32) == 1 else many
+        parts.append(f"FP32 on {len(fp32)} of {plural(later, 'later backend')} {verb} ({_against(report)}): "
+                     f"{', '.join(fp32)}")
+    return parts
 
 
 def _skipped_tail(report: GateReport) -> str:

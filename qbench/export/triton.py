@@ -13,7 +13,7 @@ TensorRT version and GPU model that built it, while the ONNX file is what the sw
 ONNX Runtime builds the engine on the serving machine (the same Q/DQ graph, the same FP16 flag).
 
 A variant is exported only when it passed the gate on results that match the recipe; anything
-else (a breach, a failed or unjudged variant, a variant the gate does not apply to, stale
+else (a breach, a failed or unjudged variant, a variant the gate does not apply to, FP32 on any backend, stale
 results) is refused unless `force=True`.
 """
 
@@ -88,8 +88,10 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
     if general:
         return GateVerdict("unusable", general[0])
     status = report.status_of(variant, backend)
+    if variant == reference and status != "fail":  # on every backend: the baseline, never a variant that passed
+        return GateVerdict("not gated", _reference_reason(report, backend))
     if status == "not gated":
-        return GateVerdict(status, "the FP32 reference" if variant == reference else "gate.applies_to does not match it")
+        return GateVerdict(status, "gate.applies_to does not match it")
     own_problems = [p.removeprefix(f"{key}: ") for p in report.problems if p.startswith(f"{key}:")]
     breaches = [c for c in report.breaches if c.variant == variant and c.backend == backend]
     if own_problems:
@@ -101,6 +103,16 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
     # failed with its backend's FP32 alone: that FP32 differs from the first backend's, or cannot be judged
     inherited = [*filter(None, [report.fp32_differs().get(backend)]), *report.fp32_problems(backend)]
     return GateVerdict(status, inherited[0] if status == "fail" and inherited else "")
+
+
+def _reference_reason(report: GateReport, backend: str) -> str:
+    """Why FP32 is not exported as gated on `backend`: the first backend's is what the gate judges against; a later
+    backend's is judged only for agreeing with it (where it does not, its verdict is 'fail'), which makes it that
+    backend's reference, not a variant that stayed within a tolerance of one."""
+    if report.reference_backend and backend != report.reference_backend:
+        return (f"the FP32 reference; on this later backend it agrees with FP32 on {report.reference_backend}, which "
+                "makes it this backend's reference, not a variant that passed")
+    return "the FP32 reference"
 
 
 def _refusal(key: str, verdict: GateVerdict) -> str:
