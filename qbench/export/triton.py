@@ -57,7 +57,8 @@ INPUT_DATA_FILE = "perf_input_data.json"  # perf_analyzer's --input-data: the ro
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_MAX_NAME_CHARS = 255  # a folder name (NAME_MAX, in bytes: these characters are one byte each)
 
 
 @dataclass(frozen=True)
@@ -309,9 +310,15 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
 # -- export ---------------------------------------------------------------------------------------
 
 
-def _check_model_name(name: str) -> str:
-    if not _MODEL_NAME.match(name):
-        raise QbenchError(f"Triton model name: got {name!r}, expected letters, digits and _ . + - (no slashes)")
+def _model_name(given: str | None, default: str) -> str:
+    """The model's name: `given` (--name) or `default`, refused in one line unless it is a folder name Triton loads
+    as itself: a letter or digit first (no '', no leading dot: a hidden folder), then letters, digits and _ . + -
+    (no space, no slash: a folder inside another; no newline, which `$` alone lets end a name)."""
+    name = default if given is None else given
+    if not _MODEL_NAME.fullmatch(name) or len(name) > _MAX_NAME_CHARS:
+        where = "--name" if given is not None else "the default name <recipe>-<variant> (pass --name)"
+        raise QbenchError(f"Triton model name, {where}: got {name!r}, expected a letter or digit, then letters, "
+                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} at most")
     return name
 
 
@@ -379,7 +386,7 @@ def export_triton(
         raise QbenchError(f"Triton export: backend {expected_one_of(backend, TARGETS)}")
     if max_queue_delay_us is not None and max_queue_delay_us < 0:
         raise QbenchError(f"max queue delay: got {max_queue_delay_us} µs, expected 0 or more")
-    name = _check_model_name(model_name or f"{recipe.name}-{variant}")
+    name = _model_name(model_name, f"{recipe.name}-{variant}")
     report, results = run_gate(recipe, results_path)
     measured = _find(results, variant, backend)
     verdict = gate_verdict(report, variant, backend, reference=results.reference)
