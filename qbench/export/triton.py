@@ -318,7 +318,7 @@ def _model_name(given: str | None, default: str) -> str:
     if not _MODEL_NAME.fullmatch(name) or len(name) > _MAX_NAME_CHARS:
         where = "--name" if given is not None else "the default name <recipe>-<variant> (pass --name)"
         raise QbenchError(f"Triton model name, {where}: got {name!r}, expected a letter or digit, then letters, "
-                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} at most")
+                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} characters at most")
     return name
 
 
