@@ -79,8 +79,6 @@ def check_key(check: GateCheck) -> str:
     return f"{check.variant}@{check.backend}"
 
 
-
-
 def plural(n: int, noun: str) -> str:
     """'1 variant', '2 variants'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -172,10 +170,8 @@ def summary_line(report: GateReport) -> str:
 
     e.g. `gate: FAIL — 2 of 5 variants breach: int8-minmax@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
 
-    A variant is one on one backend (`variant@backend`); FP32 on a later backend, judged against the first backend's
-    FP32, is no variant and is counted apart: `2 variants × 4 scopes and FP32 on 1 later backend (judged against
-    onnxruntime-cpu's FP32)`, `FP32 on 1 of 1 later backend breaches: fp32@ort-b (overall)`.
-    """
+    A variant is one on one backend (`variant@backend`); FP32 on a later backend, judged against the first's, is
+    counted apart: `2 variants × 4 scopes and FP32 on 1 later backend (judged against ort's FP32)`."""
     later = _later_fp32(report, report.gated)
     variants = len(report.gated) - len(later)
     parts: list[str] = []
@@ -197,7 +193,7 @@ def summary_line(report: GateReport) -> str:
         return f"gate: {headline(report)} — {tail}"
     if not parts:
         scopes = len({c.scope for c in report.checks})
-        also = f" and FP32 on {plural(len(later), 'later backend')} ({_against(report)})" if later else ""
+        also = f" and FP32 on {plural(len(later), 'later backend')} (judged {_against(report)})" if later else ""
         return f"gate: {headline(report)} — {plural(variants, 'variant')} × {plural(scopes, 'scope')}{also}, {tail}"
     return f"gate: {headline(report)} — {'; '.join(parts)}; {tail}"
 
@@ -208,22 +204,18 @@ def _later_fp32(report: GateReport, named: list[str] | tuple[str, ...]) -> list[
 
 
 def _against(report: GateReport) -> str:
-    return f"judged against {report.reference_backend}'s FP32" if report.reference_backend else "judged against FP32"
+    return f"against {report.reference_backend or 'the first backend'}'s FP32"
 
 
 def _counted(report: GateReport, named: list[str], variants: int, later: int, one: str, many: str) -> list[str]:
-    """'1 of 2 variants breaches: int8@ort (overall)' and 'FP32 on 1 of 1 later backend breaches: fp32@ort-b
-    (overall)', each where it names any: the variants apart from FP32 on a later backend."""
+    """'1 of 2 variants breaches: int8@ort (overall)', 'FP32 on 1 of 1 later backend breaches (against ort's
+    FP32): fp32@ort-b (overall)': each where it names any."""
     fp32 = _later_fp32(report, named)
     own = [n for n in named if n not in fp32]
-    parts = []
-    if own:
-        parts.append(f"{len(own)} of {plural(variants, 'variant')} {one if len(own) == 1 else many}: {', '.join(own)}")
-    if fp32:
-        verb = one if len(fp32) == 1 else many
-        parts.append(f"FP32 on {len(fp32)} of {plural(later, 'later backend')} {verb} ({_against(report)}): "
-                     f"{', '.join(fp32)}")
-    return parts
+    return [f"{who}{len(found)} of {plural(total, noun)} {one if len(found) == 1 else many}{how}: {', '.join(found)}"
+            for found, who, total, noun, how in ((own, "", variants, "variant", ""),
+                                                 (fp32, "FP32 on ", later, "later backend", f" ({_against(report)})"))
+            if found]  # fmt: skip
 
 
 def _skipped_tail(report: GateReport) -> str:

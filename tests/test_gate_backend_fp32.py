@@ -122,7 +122,7 @@ def test_the_summary_counts_a_later_fp32_apart_from_the_variants():
     assert summary_line(passing) == (f"gate: PASS — 2 variants × 3 scopes and FP32 on 1 later backend (judged "
                                      f"against {FIRST}'s FP32), 9 checks")  # fmt: skip
     breaching = evaluate_gate(_results(_rotated(logits)), SPEC)
-    assert summary_line(breaching) == (f"gate: FAIL — FP32 on 1 of 1 later backend breaches (judged against {FIRST}'s "
+    assert summary_line(breaching) == (f"gate: FAIL — FP32 on 1 of 1 later backend breaches (against {FIRST}'s "
                                        f"FP32): fp32@{SECOND} (overall, half=a, half=b); 12 checks")  # fmt: skip
 
 
