@@ -21,6 +21,7 @@ from qbench.gate_checks import (
 )
 from qbench.gate_notes import (
     chosen_on_judged_rows,
+    constant_reference,
     fitted_on_judged_rows,
     nonfinite_reference,
     one_class_reference,
@@ -302,6 +303,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                *other_output_kept_notes(results, spec, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
+               *constant_reference(results, gated),
                *rounded_reference(results, gated), *one_class_reference(results, spec, gated),
                *reference_worse_than_the_mean(results, spec, gated),
                *mixed_timing_machines(results),

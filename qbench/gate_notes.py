@@ -68,6 +68,30 @@ def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]])
     return notes
 
 
+def constant_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend whose FP32 reference gives the same output on every evaluation row (an evaluated output
+    whose spread over them is 0, metrics.spread): its figures do not depend on the inputs, so a variant passes by
+    giving that answer too, and a drop against it says nothing of how the variant computes on inputs that vary. A
+    note, not a refusal: the figures are sound measurements of what the model computes on these rows (a model, or one
+    of its outputs, may be constant there by design); what they cannot show is said with the verdict."""
+    notes = []
+    for reference in _references(results, pairs):
+        accuracy = reference.accuracy
+        if accuracy is None or accuracy.overall.size < 2:
+            continue
+        constant = [output for output, spread in accuracy.overall.spread.items() if spread == 0]
+        if constant:
+            named = ", ".join(repr(o) for o in constant if o)
+            spreads = f"outputs {named} spread" if len(constant) > 1 else f"output {named} spreads" if named else \
+                "its output spreads"
+            notes.append(f"{reference.key} gives the same answer on all {accuracy.overall.size} evaluation rows "
+                         f"({spreads} 0 across them): its "
+                         "figures do not depend on the inputs, so a variant passes by giving that answer too and a "
+                         "drop against it says nothing of how a variant computes on inputs that vary; check that "
+                         "data.inputs feed what the model reads and that the model is the trained one")  # fmt: skip
+    return notes
+
+
 def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
     """'fp32@<backend> gives NaN/inf on 25 of 99 evaluation rows (kind=neg 9, kind=zero 16)' (the gate's note, the
     sweep's warning)."""

@@ -17,7 +17,8 @@ depends on its inputs, yet scores well on a metric a constant answer scores well
 cosine of one vector with embeddings sharing a dominant direction. Such a variant is measured correctly, and broken:
 it breaches, as a variant giving NaN/inf does. It is judged on the scopes the gate judges its metric on: a variant can
 collapse on one slice alone (INT8 calibrated on one input regime clamps every row of another to one value), while
-the other slices' rows keep its overall spread well above a tenth of FP32's.
+the other slices' rows keep its overall spread well above a tenth of FP32's. A variant saturating the few extreme rows
+FP32's spread rests on (FP8's 448) falls below a tenth too: the breach says what was measured, not which.
 
 Lost components, a breach whatever the metric: a PARTLY broken variant keeps its spread and most rows, yet lost one
 kind of answer FP32 gives (qbench.validate.kept): a class it no longer decides (a collapsed logit or bias, one

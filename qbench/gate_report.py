@@ -79,8 +79,6 @@ def check_key(check: GateCheck) -> str:
     return f"{check.variant}@{check.backend}"
 
 
-
-
 def plural(n: int, noun: str) -> str:
     """'1 variant', '2 variants'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -98,10 +96,13 @@ def check_line(check: GateCheck) -> str:
     if check.metric == "nonfinite_outputs":
         return (f"{result} {check_key(check)} {_scope(check)} nonfinite_outputs: NaN/inf on {check.observed:g} rows "
                 f"(FP32: {check.reference:g}), {check.drop:g} of them where FP32 is finite")  # fmt: skip
-    if check.metric.rpartition(OUTPUT_SEPARATOR)[2] == SPREAD_METRIC:
+    if check.metric.rpartition(OUTPUT_SEPARATOR)[2] == SPREAD_METRIC:  # what was measured, not why: a constant
+        # answer and a few extreme FP32 rows the variant saturates (FP8's 448) fall below COLLAPSED alike
+        share = f" ({check.observed / check.reference:.3g} of it)" if check.reference > 0 else ""
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: its outputs vary across the {check.size} "
-                f"rows by {check.observed:.4g}, FP32's by {check.reference:.4g}: under {COLLAPSED:g} of FP32's, "
-                "they no longer depend on the inputs (a constant answer)")  # fmt: skip
+                f"rows by {check.observed:.4g}, FP32's by {check.reference:.4g} (the rows' RMS distance from their "
+                f"mean), under {COLLAPSED:g} of FP32's{share}: the variant's outputs lost most of FP32's variation "
+                "across these rows")  # fmt: skip
     if check.scope == SLO_SCOPE and check.reason:  # a breach whatever the p99: the instance fell behind
         return (f"{result} {check_key(check)} {_scope(check)} {check.metric}: {check.reason}; p99 "
                 f"{figure(check.observed)} ms over a finite run only, budget {figure(check.reference)} ms")  # fmt: skip
@@ -167,9 +168,12 @@ def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
 def summary_line(report: GateReport) -> str:
     """The verdict, naming every breaching variant with its scopes and every variant that cannot be judged.
 
-    e.g. `gate: FAIL — 2 of 5 variants breach: int8@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
-    """
-    gated = len(report.gated)
+    e.g. `gate: FAIL — 2 of 5 variants breach: int8-minmax@ort (overall, lighting=dark), fp8@ort (faint); 30 checks`
+
+    A variant is one on one backend (`variant@backend`); FP32 on a later backend, judged against the first's, is
+    counted apart: `2 variants × 4 scopes and FP32 on 1 later backend (judged against ort's FP32)`."""
+    later = _later_fp32(report, report.gated)
+    variants = len(report.gated) - len(later)
     parts: list[str] = []
     # a signal or an error after the verdict ended the command: the headline says so, and it is no problem with the
     # results (the JUnit error, the JSON's problems and the step summary carry its reason)
@@ -177,22 +181,41 @@ def summary_line(report: GateReport) -> str:
     if problems:
         unjudged = list(dict.fromkeys(o for p in problems if (o := problem_owner(report, p)) is not None))
         general = sum(problem_owner(report, p) is None for p in problems)
-        if unjudged:
-            parts.append(f"{len(unjudged)} of {plural(gated, 'variant')} cannot be judged: {', '.join(unjudged)}")
+        parts += _counted(report, unjudged, variants, len(later), "cannot be judged", "cannot be judged")
         if general:
             parts.append(f"{plural(general, 'problem')} with the results")
     breaching = _breaching_scopes(report)
     if breaching:
-        named = ", ".join(f"{key} ({named_some(scopes)})" for key, scopes in breaching.items())
-        verb = "breaches" if len(breaching) == 1 else "breach"
-        parts.append(f"{len(breaching)} of {plural(gated, 'variant')} {verb}: {named}")
+        named = [f"{key} ({named_some(scopes)})" for key, scopes in breaching.items()]
+        parts += _counted(report, named, variants, len(later), "breaches", "breach")
     tail = plural(len(report.checks), "check") + _skipped_tail(report) if report.checks else "nothing judged"
     if not parts and not report.checks:
         return f"gate: {headline(report)} — {tail}"
     if not parts:
         scopes = len({c.scope for c in report.checks})
-        return f"gate: {headline(report)} — {plural(gated, 'variant')} × {plural(scopes, 'scope')}, {tail}"
+        also = f" and FP32 on {plural(len(later), 'later backend')} (judged {_against(report)})" if later else ""
+        return f"gate: {headline(report)} — {plural(variants, 'variant')} × {plural(scopes, 'scope')}{also}, {tail}"
     return f"gate: {headline(report)} — {'; '.join(parts)}; {tail}"
+
+
+def _later_fp32(report: GateReport, named: list[str] | tuple[str, ...]) -> list[str]:
+    """Of `named` (keys, or keys followed by their scopes), those of FP32 on a later backend."""
+    return [n for n in named if report.reference and n.startswith(f"{report.reference}@")]
+
+
+def _against(report: GateReport) -> str:
+    return f"against {report.reference_backend or 'the first backend'}'s FP32"
+
+
+def _counted(report: GateReport, named: list[str], variants: int, later: int, one: str, many: str) -> list[str]:
+    """'1 of 2 variants breaches: int8@ort (overall)', 'FP32 on 1 of 1 later backend breaches (against ort's
+    FP32): fp32@ort-b (overall)': each where it names any."""
+    fp32 = _later_fp32(report, named)
+    own = [n for n in named if n not in fp32]
+    return [f"{who}{len(found)} of {plural(total, noun)} {one if len(found) == 1 else many}{how}: {', '.join(found)}"
+            for found, who, total, noun, how in ((own, "", variants, "variant", ""),
+                                                 (fp32, "FP32 on ", later, "later backend", f" ({_against(report)})"))
+            if found]  # fmt: skip
 
 
 def _skipped_tail(report: GateReport) -> str:

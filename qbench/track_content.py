@@ -6,7 +6,6 @@ import hashlib
 import json
 import math
 import re
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -51,14 +50,20 @@ def sanitise_name(name: str) -> str:
 
 
 def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_name) -> dict[str, str]:
-    """Map each name to its cleaned form. Names that clean to the same key are told apart by a digest of the name
-    itself, not by their order (which changes with the data): a slice keeps its key from sweep to sweep, and a name
-    that is already clean keeps the bare key."""
+    """Map each name to its cleaned form. Names whose keys are the same but for case (`Gate=X` and `gate=x`, `Logits`
+    and `logits`) collide too: a store that compares keys without case (MLflow on MySQL) would file both figures
+    under one key. Colliding names are told apart by a digest of the name itself, not by their order (which changes
+    with the data): a slice keeps its key from sweep to sweep, and the one colliding name that is already clean keeps
+    the bare key (where several are, as `Logits` and `logits`, none does)."""
     cleaned = {name: clean(name) for name in dict.fromkeys(names)}
-    counts = Counter(cleaned.values())
+    groups: dict[str, list[str]] = {}
+    for name, key in cleaned.items():
+        groups.setdefault(key.casefold(), []).append(name)
     mapping = {}
     for name, key in cleaned.items():
-        if counts[key] > 1 and name != key:
+        group = groups[key.casefold()]
+        bare = len(group) == 1 or (name == key and sum(other == cleaned[other] for other in group) == 1)
+        if not bare:
             digest = hashlib.sha256(name.encode()).hexdigest()[:6]
             key = f"{key[: MAX_ENTITY_KEY_LENGTH - 8]}_{digest}"
         mapping[name] = key

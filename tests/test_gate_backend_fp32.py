@@ -18,6 +18,7 @@ from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
 from qbench.cli_app import main
 from qbench.export.triton import GateVerdict, gate_verdict
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
+from qbench.gate_report import summary_line
 from qbench.recipe import GateSpec
 from qbench.report_frontier import frontier_text
 from qbench.report_serving import accuracy_verdict
@@ -110,6 +111,34 @@ def test_fp32_that_agrees_across_backends_passes_and_changes_no_verdict():
     assert {c.drop for c in report.checks if c.variant == "fp32"} == {0.0}
     assert report.fp32_differs() == {}
     assert not report.notes
+
+
+def test_the_summary_counts_a_later_fp32_apart_from_the_variants():
+    """One variant on two backends: the summary read '3 variants × 3 scopes', counting FP32 on the second backend
+    (judged against the first's) as a variant. It now counts the 2 variant@backend pairs and names the later FP32
+    apart, passing and breaching."""
+    logits, _ = _logits()
+    passing = evaluate_gate(_results(logits.copy()), SPEC)
+    assert summary_line(passing) == (f"gate: PASS — 2 variants × 3 scopes and FP32 on 1 later backend (judged "
+                                     f"against {FIRST}'s FP32), 9 checks")  # fmt: skip
+    breaching = evaluate_gate(_results(_rotated(logits)), SPEC)
+    assert summary_line(breaching) == (f"gate: FAIL — FP32 on 1 of 1 later backend breaches (against {FIRST}'s "
+                                       f"FP32): fp32@{SECOND} (overall, half=a, half=b); 12 checks")  # fmt: skip
+
+
+def test_fp32_is_exported_on_no_backend_without_force():
+    """FP32 on the first backend was refused as not gated, FP32 on a later one that agrees with it was exported as
+    'pass'. One rule now: FP32 is the reference on every backend, refused without --force; a later one that
+    disagrees says it failed."""
+    logits, _ = _logits()
+    report = evaluate_gate(_results(logits.copy()), SPEC)
+    assert report.status_of("fp32", SECOND) == "pass"  # it agrees with the first backend's FP32
+    assert gate_verdict(report, "fp32", FIRST, reference="fp32") == GateVerdict("not gated", "the FP32 reference")
+    later = gate_verdict(report, "fp32", SECOND, reference="fp32")
+    assert later.status == "not gated" and f"agrees with FP32 on {FIRST}" in later.reason
+    assert gate_verdict(report, "int8", SECOND, reference="fp32") == GateVerdict("pass", "")
+    wrong = gate_verdict(evaluate_gate(_results(_rotated(logits)), SPEC), "fp32", SECOND, reference="fp32")
+    assert wrong == GateVerdict("fail", "6 breach(es), worst overall: drop 0.5667 > 0.0200")  # 0.9 - 1/3
 
 
 def test_a_later_fp32_above_a_wrong_first_fp32_beyond_the_tolerance_breaches():

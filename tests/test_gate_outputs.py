@@ -97,6 +97,28 @@ def test_a_constant_regression_near_the_mean_of_low_variance_targets_breaches():
     assert _verdict("regression", fp32, honest, targets, spec)[0].exit_code == EXIT_PASS
 
 
+def test_a_spread_lost_to_a_few_saturated_rows_is_reported_as_measured_not_as_a_constant_answer():
+    """FP32 regression outputs within ±50 on 995 rows and 2e5 on 5 (the rows FP32's spread rests on); the variant
+    saturates at FP8 E4M3's largest value, 448, and keeps every other row. Its spread falls under a tenth of FP32's
+    and breaches, but the line called it 'a constant answer' that 'no longer depends on the inputs', which 995
+    rows it keeps exactly deny; it now says what was measured: both spreads (hand: numpy's std of each column) and
+    their ratio."""
+    rng = np.random.default_rng(3)
+    fp32 = rng.uniform(-50, 50, size=ROWS).astype(np.float32)
+    fp32[:5] = 2e5
+    saturated = np.clip(fp32, -448, 448)
+    spec = GateSpec(metric="mae", max_drop=1e6, applies_to=["int8-*"])
+    report, _ = _verdict("regression", fp32, saturated, fp32.astype(np.float64), spec)
+    [spread] = [c for c in report.breaches if c.metric == "output_spread"]
+    own, reference = float(np.std(saturated.astype(np.float64))), float(np.std(fp32.astype(np.float64)))
+    assert (spread.observed, spread.reference) == (pytest.approx(own), pytest.approx(reference))
+    assert own / reference < 0.1 and (saturated == fp32)[5:].all()
+    assert check_line(spread) == (
+        f"BREACH int8-a@onnxruntime-cpu overall output_spread: its outputs vary across the {ROWS} rows by {own:.4g}, "
+        f"FP32's by {reference:.4g} (the rows' RMS distance from their mean), under 0.1 of FP32's "
+        f"({own / reference:.3g} of it): the variant's outputs lost most of FP32's variation across these rows")
+
+
 def test_a_constant_embedding_breaches_though_its_cosine_with_embeddings_sharing_a_direction_is_high():
     rng = np.random.default_rng(3)
     direction = rng.normal(size=16)
@@ -360,8 +382,9 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
     code, breaches = swept_breaches(tmp_path / "qbench.yaml")
     if calibrated_on == "a":
         assert breaches == [f"BREACH int8@{BACKEND} slice regime=b output_spread: its outputs vary across the 300 rows "
-                            f"by 0, FP32's by {np.sqrt(np.var(regime_b[:, 0] - regime_b[:, 1])):.4g}: under 0.1 of "
-                            "FP32's, they no longer depend on the inputs (a constant answer)",
+                            f"by 0, FP32's by {np.sqrt(np.var(regime_b[:, 0] - regime_b[:, 1])):.4g} (the rows' RMS "
+                            "distance from their mean), under 0.1 of FP32's (0 of it): the variant's outputs lost "
+                            "most of FP32's variation across these rows",
                             f"BREACH int8@{BACKEND} slice regime=b decisions_kept: class 1: FP32 decides it on 9 rows, "
                             "the variant on 0 of them: 0.0% kept, under 50%; by chance at its change rate on the "
                             "classes it keeps (0.00%): probability 0"]  # fmt: skip

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_TAG_VAL_LENGTH
-from sweep_factory import make_sweep, make_variant
+from sweep_factory import make_slice, make_sweep, make_variant
 
 from qbench.results_ranges import ClipRecord, RangeAnalysis
-from qbench.track_content import param_value, sweep_metrics, tag_value, uses_calibration
+from qbench.track_content import (
+    clean_keys,
+    param_value,
+    sweep_metrics,
+    tag_value,
+    unique_names,
+    uses_calibration,
+    variant_metrics,
+    variant_params,
+)
 
 
 def test_a_value_past_mlflows_limit_is_cut_with_a_mark_and_a_short_one_is_kept() -> None:
@@ -79,3 +89,28 @@ def test_a_slice_key_that_does_not_spell_its_slice_names_it_in_a_param() -> None
     assert mapped["grp_a_b"] == "grp=a/b" and "slice/grp_c:d/accuracy" in metrics
     for segment, name in mapped.items():  # each param names the slice whose figures its key holds
         assert metrics[f"slice/{segment}/size"] == 50.0 and segment.startswith("grp__") == (name != "grp=a/b")
+
+
+def test_slices_differing_only_by_case_keep_a_key_each_without_case() -> None:
+    """Slices `Gate=X` and `gate=x` gave keys `slice/Gate_X/accuracy` and `slice/gate_x/accuracy`: one key to a store
+    that compares keys without case (MLflow on MySQL), which would file one slice's figures under the other's. Keys
+    that differ only by case are now told apart by a digest of each name, whatever the order, and a param names the
+    slice each stands for."""
+    variant = make_variant("int8", "int8")
+    slices = (make_slice("Gate=X", 40, 0.9, 0.95), make_slice("gate=x", 60, 0.5, 0.95))
+    variant = dataclasses.replace(variant, accuracy=dataclasses.replace(variant.accuracy, slices=slices))
+    metrics = clean_keys(variant_metrics(make_sweep([variant]), variant))
+    accuracy = {k: v for k, v in metrics.items() if k.startswith("slice/") and k.endswith("/accuracy")}
+    assert sorted(accuracy.values()) == [0.5, 0.9] and len({k.casefold() for k in accuracy}) == 2
+    params = variant_params(make_sweep([variant]), variant)
+    named = {params[f"slice_key/{k.split('/')[1]}"]: v for k, v in accuracy.items()}
+    assert named == {"Gate=X": 0.9, "gate=x": 0.5}
+    assert unique_names(["gate=x", "Gate=X"]) == unique_names(["Gate=X", "gate=x"])  # by name, not by order
+
+
+def test_clean_names_differing_only_by_case_both_get_a_digest_and_a_lone_clean_name_keeps_its_key() -> None:
+    keys = unique_names(["Logits/accuracy", "logits/accuracy", "other"])
+    assert keys["other"] == "other" and len({k.casefold() for k in keys.values()}) == 3
+    assert all(keys[n].startswith(f"{n}_") for n in ("Logits/accuracy", "logits/accuracy"))
+    digest = hashlib.sha256(b"a=b").hexdigest()[:6]
+    assert unique_names(["a=b", "A_b"]) == {"a=b": f"a_b_{digest}", "A_b": "A_b"}  # the one clean name keeps its key

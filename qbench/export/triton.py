@@ -13,7 +13,7 @@ TensorRT version and GPU model that built it, while the ONNX file is what the sw
 ONNX Runtime builds the engine on the serving machine (the same Q/DQ graph, the same FP16 flag).
 
 A variant is exported only when it passed the gate on results that match the recipe; anything
-else (a breach, a failed or unjudged variant, a variant the gate does not apply to, stale
+else (a breach, a failed or unjudged variant, a variant the gate does not apply to, FP32 on any backend, stale
 results) is refused unless `force=True`.
 """
 
@@ -57,7 +57,8 @@ INPUT_DATA_FILE = "perf_input_data.json"  # perf_analyzer's --input-data: the ro
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
-_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_MAX_NAME_CHARS = 255  # a folder name (NAME_MAX, in bytes: these characters are one byte each)
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,10 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
     if general:
         return GateVerdict("unusable", general[0])
     status = report.status_of(variant, backend)
+    if variant == reference and status != "fail":  # on every backend: the baseline, never a variant that passed
+        return GateVerdict("not gated", _reference_reason(report, backend))
     if status == "not gated":
-        return GateVerdict(status, "the FP32 reference" if variant == reference else "gate.applies_to does not match it")
+        return GateVerdict(status, "gate.applies_to does not match it")
     own_problems = [p.removeprefix(f"{key}: ") for p in report.problems if p.startswith(f"{key}:")]
     breaches = [c for c in report.breaches if c.variant == variant and c.backend == backend]
     if own_problems:
@@ -101,6 +104,16 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
     # failed with its backend's FP32 alone: that FP32 differs from the first backend's, or cannot be judged
     inherited = [*filter(None, [report.fp32_differs().get(backend)]), *report.fp32_problems(backend)]
     return GateVerdict(status, inherited[0] if status == "fail" and inherited else "")
+
+
+def _reference_reason(report: GateReport, backend: str) -> str:
+    """Why FP32 is not exported as gated on `backend`: the first backend's is what the gate judges against; a later
+    backend's is judged only for agreeing with it (where it does not, its verdict is 'fail'), which makes it that
+    backend's reference, not a variant that stayed within a tolerance of one."""
+    if report.reference_backend and backend != report.reference_backend:
+        return (f"the FP32 reference; on this later backend it agrees with FP32 on {report.reference_backend}, which "
+                "makes it this backend's reference, not a variant that passed")
+    return "the FP32 reference"
 
 
 def _refusal(key: str, verdict: GateVerdict) -> str:
@@ -297,9 +310,15 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
 # -- export ---------------------------------------------------------------------------------------
 
 
-def _check_model_name(name: str) -> str:
-    if not _MODEL_NAME.match(name):
-        raise QbenchError(f"Triton model name: got {name!r}, expected letters, digits and _ . + - (no slashes)")
+def _model_name(given: str | None, default: str) -> str:
+    """The model's name: `given` (--name) or `default`, refused in one line unless it is a folder name Triton loads
+    as itself: a letter or digit first (no '', no leading dot: a hidden folder), then letters, digits and _ . + -
+    (no space, no slash: a folder inside another; no newline, which `$` alone lets end a name)."""
+    name = default if given is None else given
+    if not _MODEL_NAME.fullmatch(name) or len(name) > _MAX_NAME_CHARS:
+        where = "--name" if given is not None else "the default name <recipe>-<variant> (pass --name)"
+        raise QbenchError(f"Triton model name, {where}: got {name!r}, expected a letter or digit, then letters, "
+                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} characters at most")
     return name
 
 
@@ -367,7 +386,7 @@ def export_triton(
         raise QbenchError(f"Triton export: backend {expected_one_of(backend, TARGETS)}")
     if max_queue_delay_us is not None and max_queue_delay_us < 0:
         raise QbenchError(f"max queue delay: got {max_queue_delay_us} µs, expected 0 or more")
-    name = _check_model_name(model_name or f"{recipe.name}-{variant}")
+    name = _model_name(model_name, f"{recipe.name}-{variant}")
     report, results = run_gate(recipe, results_path)
     measured = _find(results, variant, backend)
     verdict = gate_verdict(report, variant, backend, reference=results.reference)

@@ -193,6 +193,21 @@ def test_not_gated_variant_is_refused_in_one_line_and_exported_with_force(swept:
     assert "Exported with --force" in (repo / "tiny-int8" / "README.md").read_text()
 
 
+@pytest.mark.parametrize("name", ["", "my model", "models/tiny", ".hidden", "tiny\n", "x" * 256])
+def test_a_name_triton_cannot_load_as_itself_is_refused_naming_the_flag(swept: Path, tmp_path: Path, capsys,
+                                                                         name: str) -> None:
+    """`--name ""` exported under the default name, and 'tiny\n' passed the name pattern (`$` matches before a final
+    newline) and wrote a folder whose name ends in a newline: each is now refused in one line naming --name (exit 2),
+    nothing written; spaces, a slash and a leading dot were refused without naming the flag."""
+    repo = tmp_path / "repo"
+    args = ["export", "triton", str(swept), "--variant", "fp16", "--backend", CPU, "--to", str(repo), "--name", name]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"Triton model name, --name: got {name!r}, expected a letter or digit" in " ".join(err.split())
+    assert len(err.strip().splitlines()) <= 2 and "Traceback" not in err  # one line, wrapped at most once
+    assert not repo.exists()
+
+
 def test_the_sweeps_notes_on_a_variant_travel_with_it(swept: Path, tmp_path: Path) -> None:
     """Dynamic INT8's accuracy depends on what is batched together: under Triton's dynamic batcher that matters."""
     export = export_triton(load_recipe(swept), "int8-dyn", CPU, tmp_path / "repo", force=True)

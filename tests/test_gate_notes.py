@@ -1,0 +1,54 @@
+"""The gate's notes beside its checks (qbench.gate_notes): what a pass cannot show, said with the verdict."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from qbench.gate import EXIT_PASS, evaluate_gate
+from qbench.gate_report import summary_line
+from qbench.recipe import GateSpec
+from qbench.results import SweepResults, VariantResult, from_dict, to_json
+from qbench.validate.accuracy import evaluate_accuracy, with_drops
+
+SPEC = GateSpec(metric="accuracy", max_drop=0.02, max_slice_drop=0.05)
+ROWS = 300
+THIRDS = {"group=a": np.arange(ROWS) % 3 == 0, "group=b": np.arange(ROWS) % 3 != 0}
+
+
+def _results(fp32: np.ndarray, int8: np.ndarray, labels: np.ndarray) -> SweepResults:
+    reference = evaluate_accuracy("classification", fp32, fp32, labels, THIRDS)
+    own = with_drops(evaluate_accuracy("classification", int8, fp32, labels, THIRDS), reference)
+    variants = (VariantResult("fp32", "onnxruntime-cpu", "fp32", "ok", accuracy=reference),
+                VariantResult("int8", "onnxruntime-cpu", "int8", "ok", accuracy=own))  # fmt: skip
+    results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy", "task": "classification"},
+                           environment={}, calibration=None, evaluation_rows=ROWS, gate_metric=SPEC.metric,
+                           reference="fp32", variants=variants)  # fmt: skip
+    return from_dict(json.loads(to_json(results)))
+
+
+def test_a_reference_giving_one_answer_on_every_row_is_noted_with_its_pass():
+    """FP32 logits [0.1, 0.7, -0.3] on every row (a linear layer with zero weights: the bias alone), labels 0, 1, 2 in
+    turn: FP32 and an int8 giving the same logits score 1/3 (hand: class 1 is the label on 100 of 300 rows) and the
+    int8 passed with no word that FP32's figures do not depend on the inputs. It still passes (the figures are sound),
+    with a note naming the reference, the output and the rows."""
+    labels = np.arange(ROWS) % 3
+    constant = np.tile(np.array([[0.1, 0.7, -0.3]], dtype=np.float32), (ROWS, 1))
+    report = evaluate_gate(_results(constant, constant.copy(), labels), SPEC)
+    assert report.exit_code == EXIT_PASS and summary_line(report) == "gate: PASS — 1 variant × 3 scopes, 3 checks"
+    assert {c.scope: c.reference for c in report.checks} == pytest.approx({"overall": 1 / 3, "group=a": 0.0,
+                                                                          "group=b": 0.5})  # fmt: skip
+    [note] = [n for n in report.notes if "same answer" in n]
+    assert note.startswith("fp32@onnxruntime-cpu gives the same answer on all 300 evaluation rows (its output "
+                           "spreads 0 across them): its figures do not depend on the inputs")
+
+
+def test_a_reference_whose_outputs_vary_gets_no_such_note():
+    """One row's logits moved by 1e-3: FP32's output is no longer constant, and nothing is said."""
+    labels = np.arange(ROWS) % 3
+    varied = np.tile(np.array([[0.1, 0.7, -0.3]], dtype=np.float32), (ROWS, 1))
+    varied[7, 0] += 1e-3
+    report = evaluate_gate(_results(varied, varied.copy(), labels), SPEC)
+    assert report.exit_code == EXIT_PASS and not [n for n in report.notes if "same answer" in n]
