@@ -131,7 +131,8 @@ def _tensor_pairs(name: str, reference: onnx.ModelProto, quantized: onnx.ModelPr
     if own is None:
         original = next(n for n in reference.graph.node if n.name == name)
         weights = {t.name for t in reference.graph.initializer}
-        return [(i, i) for i in original.input if i and i not in weights] + [(original.output[0],) * 2]
+        out = next((o for o in original.output if o), "")  # a recurrent node may leave Y unnamed and give Y_h only
+        return [(i, i) for i in original.input if i and i not in weights] + [(out, out)]
     producers = {o: n for n in quantized.graph.node for o in n.output}
     readers = {
         i: n for n in quantized.graph.node for i in n.input if n.op_type in ("QuantizeLinear", "DequantizeLinear")

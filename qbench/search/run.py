@@ -55,6 +55,7 @@ from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.outcome import kept_pick, method_note
+from qbench.search.ranking import noisiest_first, quantized_names
 from qbench.search.retime import RETIME_ROUNDS, retime_rounds
 from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
 from qbench.selection_rows import chosen_on
@@ -286,9 +287,7 @@ class _Search:
         bases = select.keep_float_bases(self.records, self.tie())
         if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
             return
-        ranking = self.sensitivity_ranking()
-        if not ranking:
-            return
+        ranking = self.sensitivity_ranking()  # a base quantizing nodes it lacks is ranked on its own build
         for base in bases:
             if not self.may_win(self.records[base]):
                 continue  # a keep-float candidate of a faster base passed since
@@ -318,38 +317,44 @@ class _Search:
     def base_ranking(self, base: int, ranking: list[str]) -> tuple[list[str], int]:
         """The ranking restricted to the nodes `base` quantized (keeping float a node it left float anyway would
         rebuild the same graph: a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build),
-        and how many nodes `base` quantized."""
-        from qbench.explain_graph import quantized_nodes
-        from qbench.variants.onnx_utils import load_model
-
-        own = {n.name for n in quantized_nodes(load_model(self.ctx.reference_path), self.built[base])}
-        return [name for name in ranking if name in own], len(own)
+        and how many nodes `base` quantized. A base that quantizes nodes the ranking lacks is ranked on its own build
+        (qbench.search.ranking): ranked on the static build alone, an LSTM model's ORT dynamic candidate, far past its
+        tolerance for its two LSTMs, could only keep its one Gemm float."""
+        own = quantized_names(self.ctx.reference_path, self.built[base])
+        ranked = [name for name in ranking if name in own]
+        if len(ranked) < len(own):
+            ranked = self._ranked(self.built[base], f"ranking-{base}") or ranked
+        return ranked, len(own)
 
     def sensitivity_ranking(self) -> list[str]:
         """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
-        from qbench.explain_graph import quantized_nodes, sqnr_costs
-        from qbench.variants.onnx_utils import load_model
-
         static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
                        and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
-        try:
-            if static is None:
+        if static is None:
+            try:
                 ctx = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
                 static = build_variant(Candidate("ort-static").spec(f"{self.spec.name}-ranking"), ctx)
-            nodes = quantized_nodes(load_model(self.ctx.reference_path), static)
-            options = RunOptions(threads=self.prepared.recipe.latency.threads)
-            work = self.root / "ranking-work"
-            work.mkdir(parents=True, exist_ok=True)
-            noise = sqnr_costs(self.ctx.reference_path, static, nodes, [self.screen.feeds], self.backend, options, work,
-                               self.prepared.batch)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
+                if write_fault(exc):
+                    raise
+                logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
+                return []
+        return self._ranked(static, "ranking-work")
+
+    def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
+        """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""
+        try:
+            ranked = noisiest_first(self.ctx.reference_path, built, self.screen.feeds, self.backend,
+                                    RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
+                                    self.prepared.batch)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
             if write_fault(exc):
                 raise
-            logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
+            logger.warning(f"  no sensitivity ranking of {built.name}: {describe_error(exc)}")
             return []
-        ranked = sorted((n for n in nodes if math.isfinite(noise.get(n.name, math.nan))), key=lambda n: -noise[n.name])
-        logger.info(f"  sensitivity (added noise, SQNR): {', '.join(n.name for n in ranked[:4])}{' ...' if len(ranked) > 4 else ''}")
-        return [n.name for n in ranked]
+        logger.info(f"  sensitivity of {built.name} (added noise, SQNR): {', '.join(ranked[:4])}"
+                    f"{' ...' if len(ranked) > 4 else ''}")  # fmt: skip
+        return ranked
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from

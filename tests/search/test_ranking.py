@@ -1,0 +1,54 @@
+"""The keep-float ranking covers every node a base quantized, also those the static build it is ranked on leaves
+float: ONNX Runtime's dynamic INT8 lowers an LSTM (DynamicQuantizeLSTM), which `ort-static` (Conv, MatMul, Gemm) does
+not touch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from qbench.backends import get_backend
+from qbench.search import run as search_run
+from qbench.search.candidates import Candidate
+from qbench.variants import BuildContext, build_variant
+
+WIDTH, HIDDEN, CLASSES = 6, 16, 3
+
+
+def lstm_model(path):
+    """x [batch, WIDTH] as a sequence of one step -> LSTM (only its last hidden state named, Y left unnamed) -> a
+    Gemm head: the Gemm is all a static build quantizes; dynamic INT8 quantizes the LSTM too."""
+    rng = np.random.default_rng(5)
+    weights = {"w": rng.normal(size=(1, 4 * HIDDEN, WIDTH)), "r": rng.normal(size=(1, 4 * HIDDEN, HIDDEN)) / 4,
+               "b": rng.normal(size=(1, 8 * HIDDEN)) / 10, "head_w": rng.normal(size=(HIDDEN, CLASSES)),
+               "head_b": np.zeros(CLASSES)}  # fmt: skip
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis0"], ["seq"], name="to_seq"),
+             helper.make_node("LSTM", ["seq", "w", "r", "b"], ["", "h"], name="lstm", hidden_size=HIDDEN),
+             helper.make_node("Squeeze", ["h", "axis0"], ["last"], name="last"),
+             helper.make_node("Gemm", ["last", "head_w", "head_b"], ["y"], name="head")]  # fmt: skip
+    initializers = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
+    initializers.append(numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0"))
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                              initializer=initializers)  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+
+
+def test_a_dynamic_base_that_quantizes_an_lstm_can_keep_the_lstm_float(tmp_path):
+    """Ranked on the static build alone (the Gemm only), the dynamic base's LSTM could never be kept float: its
+    keep-float candidates would keep the head float and leave the LSTM's noise in place."""
+    lstm_model(tmp_path / "model.onnx")
+    ctx = BuildContext(tmp_path / "model.onnx", tmp_path / "build", [])
+    base = build_variant(Candidate("ort-dynamic").spec("base"), ctx)
+    feeds = {"x": np.random.default_rng(0).normal(size=(12, WIDTH)).astype(np.float32)}
+    search = object.__new__(search_run._Search)
+    search.ctx, search.built, search.root = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}, tmp_path
+    search.backend, search.screen = get_backend("onnxruntime-cpu"), SimpleNamespace(feeds=feeds)
+    search.prepared = SimpleNamespace(recipe=SimpleNamespace(latency=SimpleNamespace(threads=1)), batch=None)
+    ranked, quantized = search.base_ranking(0, ["head"])  # what the static build ranks: its one Gemm
+    assert quantized == 2 and sorted(ranked) == ["head", "lstm"]
+    keeping = build_variant(Candidate("ort-dynamic", keep_float=("lstm",)).spec("kept"), ctx)
+    assert "DynamicQuantizeLSTM" not in {n.op_type for n in onnx.load(str(keeping.onnx_path)).graph.node}
