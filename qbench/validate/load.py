@@ -290,15 +290,16 @@ class LoadReplay:
         ends: list[float] = []
         free, i, k, check = 0.0, 0, 0, CHECK_EVERY if over is not None else -1
         full, window = 0, RUN_AFTER  # full batches back to back in a row; the stretch to try next
+        shift, mask, run_after = _SHIFT, _BLOCK - 1, RUN_AFTER  # read once per batch: locals, not globals
         while i < n:
             if k >= check >= 0:
                 if over.decided(starts, counts, ends):
                     return None
                 check = k + CHECK_EVERY
-            if full >= RUN_AFTER:
+            if full >= run_after:
                 taken = self._full_run(arrivals, i, free, k, window, starts, counts, ends)
                 i, k, free = i + taken * size, k + taken, ends[-1]
-                window, full = (window * 2, full) if taken == window else (RUN_AFTER, 0)
+                window, full = (window * 2, full) if taken == window else (run_after, 0)
                 continue
             first = times[i]
             due = first + delay
@@ -306,19 +307,20 @@ class LoadReplay:
                 start, count = due, 1  # what the lines below give, without their search
             else:
                 earliest = free if free > first else first
-                deadline = max(earliest, due)
+                deadline = due if due > earliest else earliest
                 last = i + size - 1
                 if last < n and times[last] <= deadline:
                     start = times[last] if times[last] > earliest else earliest
+                    count = bisect_right(times, start, i, last + 1) - i
                 else:
                     start = deadline
-                count = bisect_right(times, start, i, min(i + size, n)) - i
+                    count = bisect_right(times, start, i, last + 1 if last < n else n) - i
             idle = start > free
             full = full + 1 if count == size and start == free else 0
-            block = columns[idle][count][k >> _SHIFT]
+            block = columns[idle][count][k >> shift]
             if block is None:
-                block = self._block(count, idle, k >> _SHIFT)
-            free = start + block[k & (_BLOCK - 1)]
+                block = self._block(count, idle, k >> shift)
+            free = start + block[k & mask]
             starts.append(start)
             counts.append(count)
             ends.append(free)
