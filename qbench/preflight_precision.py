@@ -156,6 +156,11 @@ def rounded_activations(model: onnx.ModelProto) -> str | None:
     to float16 after the input, or between two FP32 layers, that only another Cast reads), which no node computes
     in, as 'rounds 1 activation to bfloat16 (Cast) ...'; None when it rounds none. Like `stored_weights`, such a
     reference is already rounded: every drop is measured from that rounding."""
+    narrowing = (node for graph in _graphs(model.graph) for node in graph.node
+                 if node.op_type == "CastLike" or (node.op_type == "Cast" and any(
+                     a.name == "to" and a.i in _REDUCED_FLOATS for a in node.attribute)))  # fmt: skip
+    if next(narrowing, None) is None:
+        return None  # the usual reference: no shape inference for what no node could do
     types = _value_types(model)
     found: Counter[str] = Counter()
     for node, graph_constants in _nodes(model.graph, _constants(model.graph)):
