@@ -9,7 +9,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.provenance import changed_inputs, image_files_input, image_inputs, input_files, model_sha256
-from qbench.recipe import RESULT_SECTIONS, Recipe
+from qbench.recipe import JUDGED_SECTIONS, RESULT_SECTIONS, Recipe, load_recipe
 from qbench.results import SweepResults
 
 
@@ -36,10 +36,29 @@ def another_recipe_file(current: Recipe, recorded: Recipe) -> bool:
     return bool(_changed_sections(current, recorded))
 
 
-def _changed_sections(current: Recipe, recorded: Recipe) -> list[str]:
-    now = current.model_dump(mode="json", include=set(RESULT_SECTIONS))
-    then = recorded.model_dump(mode="json", include=set(RESULT_SECTIONS))
-    return [section for section in RESULT_SECTIONS if now.get(section) != then.get(section)]
+def edited_recipe_file(recorded: Recipe, results_file: Path) -> list[str]:
+    """A note, for `qbench gate --results FILE` alone (judged by the recipe the results embed), where the recipe file
+    they were swept from is still there and now asks for something else: a gate.max_drop tightened since, or a section
+    the figures depend on. The verdict printed is then not the one `qbench gate <that file>` gives (the tightened
+    gate's breach, or stale results), and nothing said so."""
+    path = Path(recorded.source)
+    if not path.is_file():
+        return []  # a project checked out elsewhere (CI): no file to compare with
+    try:
+        current = load_recipe(path)
+    except QbenchError as exc:
+        return [f"judged by the recipe these results embed; the recipe file they were swept from no longer loads: {exc}"]
+    changed = _changed_sections(current, recorded, (*RESULT_SECTIONS, *JUDGED_SECTIONS))
+    if not changed:
+        return []
+    return [f"judged by the recipe these results embed, but the recipe file {path} they were swept from now differs in "
+            f"section(s) {', '.join(map(repr, changed))}: `qbench gate {path} --results {results_file}` judges by the file's"]
+
+
+def _changed_sections(current: Recipe, recorded: Recipe, sections: tuple[str, ...] = RESULT_SECTIONS) -> list[str]:
+    now = current.model_dump(mode="json", include=set(sections))
+    then = recorded.model_dump(mode="json", include=set(sections))
+    return [section for section in sections if now.get(section) != then.get(section)]
 
 
 def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list[str]]:

@@ -19,7 +19,7 @@ from qbench.gate_checks import (
     result_problems,
     timed_batch_sizes,
 )
-from qbench.gate_fresh import another_recipe_file, changed_models, stale_inputs, stale_sections
+from qbench.gate_fresh import another_recipe_file, changed_models, edited_recipe_file, stale_inputs, stale_sections
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
@@ -81,7 +81,7 @@ def run_gate(
     if recipe is not None and (recipe.name != recorded.name or another_recipe_file(recipe, recorded)):
         # another recipe's results: comparing its inputs with this recipe's says nothing
         return GateReport(metric=results.gate_metric, problems=tuple(problems)), results
-    notes: list[str] = []
+    notes: list[str] = edited_recipe_file(recorded, path) if recipe is None else []
     if check_staleness:
         stale, missing = stale_inputs(results, asked)
         problems += stale

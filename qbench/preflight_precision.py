@@ -17,6 +17,10 @@ the model is refused as weight-only quantized: its
 drops would be measured from a quantized baseline, and an INT8 variant of it would be judged against an INT4 one. A
 weight stored in 16 bits (float16, bfloat16, int16) and widened to float is accepted with the note above.
 
+Activations are judged alike: a Cast that rounds a float32 value computed at run time to a 16-bit float, which only
+a Cast back to float reads (nothing computes in that type), leaves an FP32 reference rounded (`rounded_activations`,
+the same note); one to an 8-bit float is their quantization, refused as Q/DQ on activations is.
+
 Some references hold such weights with no node to show it, as float32 initializers: their values say so. One holding
 only values a 16-bit float holds exactly was rounded to it (the note above); one holding at most 256 evenly spaced
 values per tensor or per channel was quantized and stored dequantized (refused, as its DequantizeLinear form is).
@@ -69,6 +73,8 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     weight_types: set[str] = set()
     reduced: Counter[str] = Counter()
     reduced_types: set[str] = set()
+    low_bit: Counter[str] = Counter()
+    low_bit_types: set[str] = set()
     for node, graph_constants in _nodes(model.graph, constants):
         op = node.op_type
         stored = _low_bit_weight(node, types, graph_constants)
@@ -79,6 +85,9 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
             integer[op] += 1
         elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
             integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
+        elif (rounded := _rounded_activation(node, types, graph_constants)) in _LOW_BIT:
+            low_bit[op] += 1  # an 8-bit float round trip on activations is their quantization, as Q/DQ on them is
+            low_bit_types.add(_LOW_BIT[rounded])
         elif op not in _STORAGE_OPS and op not in _QDQ_OPS:
             found = {_REDUCED_FLOATS[types[name]] for name in (*node.input, *node.output) if types.get(name) in _REDUCED_FLOATS}
             if found:
@@ -102,6 +111,9 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
                 f"in float: {_counted(weight_only)}), so every drop would be measured from that rounding; give the "
                 "float model the weights were quantized from (before MatMulNBitsQuantizer or the like)")  # fmt: skip
     found = []
+    if low_bit:
+        found.append(f"the model already rounds its activations to {'/'.join(sorted(low_bit_types))}: "
+                     f"{_counted(low_bit)}")
     if reduced:
         found.append(f"the model already computes in {'/'.join(sorted(reduced_types))}: {_counted(reduced)}")
     if io:
@@ -137,6 +149,41 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
              for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
             "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+
+
+def rounded_activations(model: onnx.ModelProto) -> str | None:
+    """For a model `reduced_precision` accepts: the activations it rounds to a 16-bit float and widens back (a Cast
+    to float16 after the input, or between two FP32 layers, that only another Cast reads), which no node computes
+    in, as 'rounds 1 activation to bfloat16 (Cast) ...'; None when it rounds none. Like `stored_weights`, such a
+    reference is already rounded: every drop is measured from that rounding."""
+    narrowing = (node for graph in _graphs(model.graph) for node in graph.node
+                 if node.op_type == "CastLike" or (node.op_type == "Cast" and any(
+                     a.name == "to" and a.i in _REDUCED_FLOATS for a in node.attribute)))  # fmt: skip
+    if next(narrowing, None) is None:
+        return None  # the usual reference: no shape inference for what no node could do
+    types = _value_types(model)
+    found: Counter[str] = Counter()
+    for node, graph_constants in _nodes(model.graph, _constants(model.graph)):
+        rounded = _rounded_activation(node, types, graph_constants)
+        if rounded in _REDUCED_FLOATS and rounded not in _LOW_BIT:
+            found[f"{_REDUCED_FLOATS[rounded]} ({node.op_type})"] += 1
+    if not found:
+        return None
+    parts = [f"{count} {'activations' if count > 1 else 'activation'} to {kind}" for kind, count in sorted(found.items())]
+    them = "them" if sum(found.values()) > 1 else "it"
+    return (f"rounds {', '.join(parts)} and widens {them} back to float when it runs: it computes in FP32 on values "
+            "already rounded to that type, so every drop is measured from that rounding, not from the float model")
+
+
+def _rounded_activation(node: onnx.NodeProto, types: dict[str, int], constants: set[str]) -> int | None:
+    """The float type a Cast/CastLike `node` narrows a float32/float64 value computed at run time (an activation, not
+    a stored weight) to; None for any other node or cast."""
+    if node.op_type not in ("Cast", "CastLike") or not node.input or node.input[0] in constants \
+            or types.get(node.input[0]) not in (1, 11):  # fmt: skip
+        return None
+    to = next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else \
+        types.get(node.input[1]) if len(node.input) > 1 else None  # fmt: skip
+    return to if to in _REDUCED_FLOATS else None
 
 
 def _reshaped(graph: onnx.GraphProto, weights: set[str]) -> dict[str, str]:

@@ -327,3 +327,24 @@ def test_results_written_before_evidence_was_recorded_are_one_unusable_line(proj
                         "(lost classes, tails, dimensions); the note on a reference stored rounded; results of a "
                         "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` (fail closed)")
     assert main(["gate", str(recipe)]) == 0  # the same sweep's own results: judged as before, a pass
+
+
+def test_results_alone_judged_by_their_embedded_recipe_say_when_its_file_now_asks_otherwise(project, capsys):
+    """`qbench gate --results FILE` judges by the recipe the results embed. Before, a recipe file edited since the
+    sweep (here its gate loosened; as well tightened, where the embedded one passes: exit 0) went unsaid, though
+    `qbench gate <that file>` gives another verdict."""
+    results = latest_results(load_recipe(project.root / "qbench.yaml"))
+    recipe = Path(json.loads(results.read_text())["recipe"]["path"])  # swept from (an earlier test may sweep a copy)
+    assert main(["gate", "--results", str(results)]) == 1
+    assert "recipe file" not in capsys.readouterr().out  # unchanged: nothing to say
+    swept = recipe.read_text()
+    try:
+        recipe.write_text(yaml.safe_dump({**yaml.safe_load(swept), "gate": LENIENT}, sort_keys=False))
+        assert main(["gate", "--results", str(results)]) == 1  # still the embedded (strict) gate's verdict
+        said = (f"gate note: judged by the recipe these results embed, but the recipe file {recipe} they were swept "
+                f"from now differs in section(s) 'gate': `qbench gate {recipe} --results {results}` judges by the file's")
+        assert said in capsys.readouterr().out.splitlines()
+        assert main(["gate", str(recipe), "--results", str(results)]) == 0
+        assert "recipe file" not in capsys.readouterr().out
+    finally:
+        recipe.write_text(swept)

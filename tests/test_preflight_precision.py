@@ -15,7 +15,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli_app import main
-from qbench.preflight_precision import reduced_precision, stored_weights
+from qbench.preflight_precision import reduced_precision, rounded_activations, stored_weights
 
 ROWS = 64
 
@@ -290,3 +290,53 @@ def test_float32_weights_holding_only_16_bit_values_are_named_as_rounded(kind: s
 )  # fmt: skip
 def test_float32_weights_that_16_bits_hold_by_their_few_values_are_not_called_rounded(w: np.ndarray) -> None:
     assert stored_weights(_matmul(w)) is None
+
+
+def _rounded_activation(elem: int) -> onnx.ModelProto:
+    """An FP32 linear model that rounds its input to `elem` and widens it back before computing in float."""
+    nodes = [helper.make_node("Cast", ["x"], ["x_narrow"], to=elem),
+             helper.make_node("Cast", ["x_narrow"], ["x_rounded"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["x_rounded", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["logits"])]  # fmt: skip
+    rng = np.random.default_rng(0)
+    return _linear(nodes=nodes, weights=[numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
+                                         numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "b")])  # fmt: skip
+
+
+@pytest.mark.parametrize(("elem", "name"), [(TensorProto.FLOAT16, "float16"), (TensorProto.BFLOAT16, "bfloat16")])
+def test_a_reference_rounding_its_activations_to_16_bits_is_fp32_and_named_by_them(elem: int, name: str) -> None:
+    """A Cast of the input to a 16-bit float and back is storage to `reduced_precision` (nothing computes in it), so
+    the reference was accepted and said nothing, yet every value it computes on was rounded."""
+    model = _rounded_activation(elem)
+    assert reduced_precision(model) is None
+    assert rounded_activations(model) == (
+        f"rounds 1 activation to {name} (Cast) and widens it back to float when it runs: it computes in FP32 on values "
+        "already rounded to that type, so every drop is measured from that rounding, not from the float model")
+    assert rounded_activations(_linear()) is None
+    assert rounded_activations(_stored_weight(TensorProto.FLOAT16, "Cast")) is None  # a weight, named by stored_weights
+
+
+def test_a_reference_rounding_its_activations_to_float8_is_refused_as_quantized() -> None:
+    """A float8 round trip on activations is their FP8 quantization (fake-quant): an FP8 variant would be judged
+    against an FP8 model. Before, the reference was taken as FP32."""
+    assert reduced_precision(_rounded_activation(TensorProto.FLOAT8E4M3FN)) == (
+        "the model already rounds its activations to float8: 1 Cast node")
+
+
+def test_a_sweep_from_a_reference_rounding_activations_says_so_in_results_and_gate(tmp_path: Path, capsys) -> None:
+    """Before, a bfloat16 round trip of the reference's input went unsaid: results, report and gate called it FP32."""
+    onnx.save(_rounded_activation(TensorProto.BFLOAT16), str(tmp_path / "model.onnx"))
+    rng = np.random.default_rng(3)
+    pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "rounded", "task": "embedding", "model": {"path": "model.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}}, "variants": [{"name": "fp16", "precision": "fp16"}],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0
+    said = "the FP32 reference rounds 1 activation to bfloat16 (Cast) and widens it back to float when it runs"
+    [run] = (tmp_path / "reports" / "rounded").iterdir()
+    [reference] = [v for v in json.loads((run / "results.json").read_text())["variants"] if v["variant"] == "fp32"]
+    assert any(note.startswith(said) for note in reference["notes"])
+    assert said in (run / "report.md").read_text()
+    capsys.readouterr()
+    assert main(["gate", str(tmp_path / "recipe.yaml")]) == 0
+    assert "gate note: the reference fp32 rounds 1 activation to bfloat16 (Cast)" in capsys.readouterr().out

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from qbench.errors import QbenchError
 from qbench.onnx_read import read_onnx
-from qbench.preflight_precision import stored_weights
+from qbench.preflight_precision import rounded_activations, stored_weights
 from qbench.recipe import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 
 
 def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     """Point at the reference model; every other variant is measured against this one. A reference whose weights are
-    stored in a 16-bit type (float16, bfloat16: quantized weights are refused) says so in its params and notes: it is the baseline every drop and
+    stored in a 16-bit type (float16, bfloat16: quantized weights are refused), or that rounds activations to one
+    between FP32 nodes, says so in its params and notes: it is the baseline every drop and
     speed-up is measured from, and it is not the float model."""
     reference = ctx.reference_path.resolve()
     if not reference.is_file():
         raise QbenchError(f"variant {spec.name!r}: the FP32 model {reference} does not exist")
-    stored = stored_weights(read_onnx(reference))
+    model = read_onnx(reference)
+    # params.stored_weights is the reference's rounding as one note: weights stored in 16 bits, activations rounded so
+    stored = "; it also ".join(filter(None, (stored_weights(model), rounded_activations(model)))) or None
     return BuiltVariant(
         name=spec.name,
         precision="fp32",
