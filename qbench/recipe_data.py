@@ -36,6 +36,8 @@ class CalibrationSpec(_Strict):
     samples: int = Field(256, gt=0, description="rows drawn for calibration (fewer if fewer rows match)")
     seed: Seed = 0
     stratify_by: str | None = Field(None, description="column whose values are sampled in proportion")
+    group_by: str | None = Field(None, description="column naming each row's group (a query, a series): calibration "
+                                 "and selection rows are drawn as whole groups, never part of one")
     batch_size: int = Field(16, gt=0, description="rows per calibration batch")
     overlap: Literal["hold_out", "allow"] = Field(
         "hold_out", description="calibration rows drawn from data.path that are also evaluation rows: hold_out (they "

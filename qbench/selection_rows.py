@@ -29,7 +29,7 @@ from qbench.data.evaluation import EvaluationRows, calibration_candidates
 from qbench.data.images import content_table
 from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
-from qbench.data.sampling import draw_from_strata, slice_strata
+from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
 from qbench.gate import named_some
@@ -90,25 +90,30 @@ def calibration_split(
     pool = candidates if evaluation is None else np.union1d(candidates, evaluation.beyond_limit)
     if recipe.data.nonfinite_inputs != "keep":  # error: rows with NaN/inf inputs are refused where fed, never chosen on
         pool = drop_nonfinite(pool, nonfinite)[0]  # the rows past the evaluation's limit too: no check saw them
+    groups = group_codes(table, recipe.data.calibration.group_by, recipe_file=recipe.source)
     if evaluation is None:
         masks = calibration_masks(recipe.data, table, recipe_file=recipe.source)
-        return split_calibration(drawn, pool, None, masks, seed=recipe.data.calibration.seed)
-    return split_calibration(drawn, pool, evaluation.rows, evaluation.masks, seed=recipe.data.calibration.seed)
+        return split_calibration(drawn, pool, None, masks, seed=recipe.data.calibration.seed, groups=groups)
+    return split_calibration(drawn, pool, evaluation.rows, evaluation.masks, seed=recipe.data.calibration.seed,
+                             groups=groups)  # fmt: skip
 
 
 def split_calibration(
-    drawn: np.ndarray, pool: np.ndarray, evaluated: np.ndarray | None, masks: dict[str, np.ndarray], *, seed: int
-) -> CalibrationSplit:
+    drawn: np.ndarray, pool: np.ndarray, evaluated: np.ndarray | None, masks: dict[str, np.ndarray], *, seed: int,
+    groups: np.ndarray | None = None,
+) -> CalibrationSplit:  # fmt: skip
     """Selection rows no candidate is fitted on and the gate never judges: from `pool` (rows of the calibration
     table neither `drawn` nor `evaluated`; None: another table), at most max(len(drawn), SELECTION_ROWS); where
     that is less than half the drawn rows not evaluated, rows of the sample make up that half and are no longer
-    fitted on. Both draws are seeded and keep the shares of the slices (`masks`, over the table)."""
+    fitted on. Both draws are seeded and keep the shares of the slices (`masks`, over the table); with `groups`
+    (data.calibration.group_by's code per table row) both take whole groups, so a metric over groups (NDCG per
+    query) chooses on whole queries, not on the few documents of each that a row-by-row draw would leave."""
     rng = np.random.default_rng([seed, SELECTION_STREAM])
     spare = np.sort(drawn if evaluated is None else drawn[~np.isin(drawn, evaluated)])
     pool = np.setdiff1d(pool, drawn if evaluated is None else np.union1d(drawn, evaluated))
-    chosen = draw_from_strata(slice_strata(pool, masks), max(len(drawn), SELECTION_ROWS), rng)
+    chosen = draw_from_strata(slice_strata(pool, masks), max(len(drawn), SELECTION_ROWS), rng, groups=groups)
     wanted = len(spare) // 2 - len(chosen)
-    moved = draw_from_strata(slice_strata(spare, masks), wanted, rng) if wanted > 0 else spare[:0]
+    moved = draw_from_strata(slice_strata(spare, masks), wanted, rng, groups=groups) if wanted > 0 else spare[:0]
     return CalibrationSplit(np.setdiff1d(drawn, moved), np.union1d(chosen, moved), len(moved))
 
 

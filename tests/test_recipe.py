@@ -536,3 +536,12 @@ def test_a_label_column_fed_as_a_model_input_is_refused_where_labels_are_answers
         tmp_path, with_changes(task="multilabel", gate={"metric": "micro_f1"}, data=multilabel))
     reconstruction = {**BASE["data"], "inputs": {"y": "input"}}
     assert load_recipe(write_recipe(tmp_path, with_changes(task="regression", data=reconstruction))).data.inputs
+
+
+def test_calibration_group_by_loads_and_is_a_column_name(tmp_path):
+    data = dict(BASE["data"], calibration={"samples": 100, "group_by": "query_id"})
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(data=data)))
+    assert recipe.data.calibration.group_by == "query_id"
+    assert load_recipe(write_recipe(tmp_path, BASE)).data.calibration.group_by is None
+    data = dict(BASE["data"], calibration={"group_by": 3})
+    assert error_of(tmp_path, with_changes(data=data)).startswith("recipe.yaml: data.calibration.group_by: ")

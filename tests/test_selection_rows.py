@@ -152,6 +152,23 @@ def test_split_calibration_takes_the_pool_first_then_half_the_sample_seeded_and_
     assert wide.from_sample == 0
 
 
+def test_split_calibration_with_groups_chooses_on_whole_groups():
+    """With data.calibration.group_by, the selection rows drawn from the pool and those kept apart from the sample
+    are whole groups (queries), so a metric over groups chooses on whole queries."""
+    from qbench.selection_rows import split_calibration
+
+    groups = np.repeat(np.arange(50), 10)  # 50 queries of 10 rows; 0-99 drawn, 400-499 evaluated
+    masks = {"a": groups % 3 == 0}
+    wide = split_calibration(np.arange(100), np.arange(100, 400), np.arange(400, 500), masks, seed=3, groups=groups)
+    assert 200 <= len(wide.selection) <= 256 and np.array_equal(wide.fitted, np.arange(100))  # from the pool alone
+    thin = split_calibration(np.arange(100), np.arange(100, 130), np.arange(400, 500), masks, seed=3, groups=groups)
+    assert set(range(100, 130)) <= set(thin.selection) and thin.from_sample == 20  # 2 queries kept apart from fitting
+    for rows in (wide.selection, thin.selection, thin.fitted):
+        assert (np.bincount(groups[rows]) % 10 == 0).all()  # each query all in, or all out
+    plain = split_calibration(np.arange(100), np.arange(100, 400), np.arange(400, 500), masks, seed=3)
+    assert (np.bincount(groups[plain.selection]) % 10 != 0).any()  # row by row, queries are split
+
+
 def test_selection_rows_keep_labels_and_slices():
     import pandas as pd
 

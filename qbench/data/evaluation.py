@@ -70,7 +70,7 @@ def text_columns(
     data: DataSpec, *, label_names: bool, model_inputs: Mapping[str, TensorMeta] | None = None
 ) -> tuple[str, ...]:  # fmt: skip
     """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by` columns
-    and the calibration's stratify_by column ("007" and "7" are two codes, each named as written), text inputs, image
+    and the calibration's stratify_by and group_by columns ("007" and "7" are two codes, each named as written), text inputs, image
     paths (a file named 0001 is no number), the columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
     refused, or fed as "7"), the second texts of pairs (`tokenizer.pair`), and the label when it names classes
     (`label_names`: "01" and "1" are two classes of a model's string labels)."""
@@ -79,8 +79,7 @@ def text_columns(
     columns += data.pair_columns
     columns += data.image_columns
     columns += string_input_columns(data, model_inputs or {})
-    if data.calibration.stratify_by is not None:
-        columns.append(data.calibration.stratify_by)
+    columns += [c for c in (data.calibration.stratify_by, data.calibration.group_by) if c is not None]
     if label_names:
         columns += data.label_columns
     return tuple(dict.fromkeys(columns))

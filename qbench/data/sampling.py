@@ -16,6 +16,7 @@ from qbench.recipe_data import CalibrationSpec, DataSpec
 logger = logging.getLogger(__name__)
 
 STRATIFY_FIELD = "data.calibration.stratify_by"
+GROUP_FIELD = "data.calibration.group_by"
 
 
 def draw_calibration_sample(
@@ -27,12 +28,24 @@ def draw_calibration_sample(
     first, so the same table, filter and seed always give the same rows. With
     `stratify_by`, each value of that column gets a share of the sample in
     proportion to its share of the candidates (missing values form a stratum).
+    With `group_by`, rows are drawn as whole groups of that column's values (group_codes, draw_from_strata).
     """
     candidates = np.sort(np.asarray(candidates, dtype=np.int64))
     strata = _strata(df, candidates, spec.stratify_by, recipe_file=recipe_file)
+    groups = group_codes(df, spec.group_by, recipe_file=recipe_file)
     if spec.samples >= len(candidates):
         return candidates
-    return draw_from_strata(strata, spec.samples, np.random.default_rng(spec.seed))
+    return draw_from_strata(strata, spec.samples, np.random.default_rng(spec.seed), groups=groups)
+
+
+def group_codes(df: pd.DataFrame, column: str | None, *, recipe_file: Path) -> np.ndarray | None:
+    """Each table row's group (`data.calibration.group_by`: a query id, a series) as an integer code; None without
+    one. A metric over groups of rows (NDCG per query) reads a part of a group as a whole one: a query with 4 of its
+    10 documents keeps its top 5 in order far more easily, so rows it is computed on are drawn whole groups at a time."""
+    if column is None:
+        return None
+    values = scalar_column(df, column, field=GROUP_FIELD, recipe_file=recipe_file)
+    return pd.factorize(values, use_na_sentinel=False)[0].astype(np.int64)
 
 
 def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: DataSpec) -> None:
@@ -54,17 +67,51 @@ def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: Dat
                        "" if distinct == 1 else "s", distinct, "" if distinct == 1 else "s")  # fmt: skip
 
 
-def draw_from_strata(strata: list[np.ndarray], count: int, rng: np.random.Generator) -> np.ndarray:
+def draw_from_strata(
+    strata: list[np.ndarray], count: int, rng: np.random.Generator, *, groups: np.ndarray | None = None
+) -> np.ndarray:  # fmt: skip
     """`count` positions drawn without replacement from the groups `strata`, each in proportion to its size
-    (allocate_proportionally), sorted ascending; all of them when they hold no more than `count`."""
+    (allocate_proportionally), sorted ascending; all of them when they hold no more than `count`. With `groups` (a
+    code per table position: group_codes), every row of a group is drawn or none: each group counts in the stratum
+    of its first row, and each stratum's quota is filled with whole groups in a seeded order, skipping any that
+    would overfill it (its first group is taken whatever its size), so a stratum may get fewer rows than its quota."""
     everything = np.concatenate(strata).astype(np.int64) if strata else np.zeros(0, dtype=np.int64)
     if count >= len(everything):
         return np.sort(everything)
+    if groups is not None:
+        strata = _whole_group_strata(strata, groups)
     quotas = allocate_proportionally(np.array([len(s) for s in strata]), count)
-    drawn = [
-        rng.choice(members, size=quota, replace=False) for members, quota in zip(strata, quotas, strict=True) if quota
-    ]
+    draw = (lambda members, quota: rng.choice(members, size=quota, replace=False)) if groups is None else (
+        lambda members, quota: _whole_groups(members, quota, groups, rng))  # fmt: skip
+    drawn = [draw(members, quota) for members, quota in zip(strata, quotas, strict=True) if quota]
     return np.sort(np.concatenate(drawn)).astype(np.int64)
+
+
+def _whole_group_strata(strata: list[np.ndarray], groups: np.ndarray) -> list[np.ndarray]:
+    """`strata` regrouped so that each group's rows all lie in the stratum of its first row (the lowest position)."""
+    everything = np.sort(np.concatenate(strata).astype(np.int64))
+    stratum_of = np.empty(len(groups), dtype=np.int64)
+    for index, members in enumerate(strata):
+        stratum_of[members] = index
+    codes = groups[everything]
+    _, first = np.unique(codes, return_index=True)
+    home = dict(zip(codes[first].tolist(), stratum_of[everything[first]].tolist(), strict=True))
+    assigned = np.array([home[code] for code in codes.tolist()], dtype=np.int64)
+    return [everything[assigned == index] for index in range(len(strata)) if np.any(assigned == index)]
+
+
+def _whole_groups(members: np.ndarray, quota: int, groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Whole groups of `members` (by `groups`), in a seeded order, holding at most `quota` rows (one group at least)."""
+    codes = groups[members]
+    distinct, sizes = np.unique(codes, return_counts=True)
+    taken, chosen = 0, []
+    for index in rng.permutation(len(distinct)):
+        if taken + sizes[index] <= quota or not chosen:
+            chosen.append(distinct[index])
+            taken += int(sizes[index])
+        if taken >= quota:
+            break
+    return members[np.isin(codes, chosen)]
 
 
 def slice_strata(positions: np.ndarray, masks: dict[str, np.ndarray]) -> list[np.ndarray]:

@@ -133,3 +133,32 @@ def test_a_calibration_sample_thinner_than_asked_is_warned_about(caplog: pytest.
     assert warnings_for("copy", 40) == ["data.calibration: the 40 calibration rows drawn hold 1 distinct input (the "
                                         "others repeat them): the calibrated ranges are those of 1 row"]  # fmt: skip
     assert warnings_for("few", 5) == [] and warnings_for("copy", 256, warn=False) == []
+
+
+def _queries(count: int, size: int) -> pd.DataFrame:
+    """`count` queries of `size` documents each, rows of the queries interleaved."""
+    order = np.random.default_rng(5).permutation(count * size)
+    return pd.DataFrame({"qid": np.repeat(np.arange(count), size)[order], "noise": np.where(order % 2, "a", "b")})
+
+
+def test_group_by_draws_whole_groups_reproducibly() -> None:
+    """A metric over groups (NDCG per query) reads part of a query as a whole one: a row-by-row draw of 256 rows from
+    60 queries of 10 leaves each about 4 documents; with group_by every query is drawn whole or not at all."""
+    table = _queries(60, 10)
+    for stratify in (None, "noise"):  # a group counts in its first row's stratum: still whole
+        spec = CalibrationSpec(samples=256, seed=1, group_by="qid", stratify_by=stratify)
+        rows = draw_calibration_sample(table, np.arange(600), spec, recipe_file=RECIPE)
+        counts = table.qid.iloc[rows].value_counts()
+        assert (counts == 10).all() and 200 <= len(rows) <= 256
+        assert np.array_equal(rows, draw_calibration_sample(table, np.arange(600), spec, recipe_file=RECIPE))
+    plain = draw_calibration_sample(table, np.arange(600), CalibrationSpec(samples=256, seed=1), recipe_file=RECIPE)
+    assert (table.qid.iloc[plain].value_counts() < 10).any()  # without it, queries are split
+
+
+def test_unknown_group_by_column() -> None:
+    spec = CalibrationSpec(samples=5, group_by="quid")
+    with pytest.raises(RecipeError) as info:
+        draw_calibration_sample(_queries(3, 4), np.arange(12), spec, recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.calibration.group_by: got 'quid', expected one of noise, qid (did you mean 'qid'?)"
+    )
