@@ -107,9 +107,14 @@ def expected_one_of(got: object, choices: Iterable[str], *, hint: str | None = N
     """Message for a value outside a closed set: "got 'x', expected one of a, b (did you mean 'a'?)". `hint`, where
     the caller knows what `got` means (another tool's name for one of `choices`), replaces the guess by spelling."""
     options = sorted(str(c) for c in choices)
-    listed = ", ".join(repr(o) if "," in o else plain_name(o) for o in options)
     guess = did_you_mean(str(got), options) if hint is None else f" ({hint})"
-    return f"got {short_repr(got)}, expected one of {listed}{guess}"
+    return f"got {short_repr(got)}, expected one of {names_listed(options)}{guess}"
+
+
+def names_listed(names: Iterable[str]) -> str:
+    """`names` sorted and joined by commas, each as it prints (plain_name), quoted where it holds a comma: a CSV
+    header's ' Mean Radius ' listed plainly read as 'Mean Radius', and the did-you-mean beside it differed."""
+    return ", ".join(repr(n) if "," in n else plain_name(n) for n in sorted(str(n) for n in names))
 
 
 OUT_OF_MEMORY = "out of memory"  # environment_cause's word for a failed allocation

@@ -26,6 +26,7 @@ from qbench.data import (
     check_finite,
     evaluation_rows,
     finite_rows,
+    limit_notes,
     load_data_table,
     nonfinite_masks,
     per_slice_counts,
@@ -183,6 +184,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
+    for note in limit_notes(table, evaluation, data, label_classes=task.labels_name_classes):
+        logger.warning(note)
     dropped: dict[str, dict[str, int]] = {}
     record_dropped(dropped, "evaluation", evaluation.dropped, evaluation.left_out)
     if evaluation.held_out:

@@ -12,6 +12,11 @@ Ids that reach a table only through a selection of them (a Slice or a Gather of 
 `nn.EmbeddingBag`: each bag's ids sliced inside a Loop) are followed too; such a table may see only some of them, so
 an input that reaches every table it indexes only so is checked against the largest of them.
 
+A category table is checked the same way: an ONNX-ML `OneHotEncoder` with `zeros = 0` (scikit-learn's
+`handle_unknown='error'`, as skl2onnx converts it) fails the whole batch on a value it does not know (`Unknown Category
+and zeros = 0`), which `qbench validate` blamed on the model; each value an input feeds it, directly or through
+value-preserving ops, must be among its categories.
+
 A negative id is refused too, though ONNX's Gather reads it from the table's end (-1 as the last row): torch's
 `nn.Embedding` and `nn.EmbeddingBag` refuse it (`index out of range`), so an exported embedding never meant it, and a
 sentinel such as -1 for an unknown id would silently read another id's row in FP32 and every variant alike.
@@ -60,6 +65,7 @@ class Lookup:
     negative: bool = True  # whether the node reads ids from -size to -1 from the table's end (Gather does): said when
     # such an id is refused, as the reason a run would not have failed on it
     partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some may not reach it
+    categories: tuple[str | int, ...] | None = None  # a category table (OneHotEncoder, zeros = 0): the values it knows
 
 
 def constant_lookups(model_path: Path) -> dict[str, Lookup]:
@@ -88,7 +94,28 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
             found[value.name] = min(every, key=lambda lookup: lookup.size)
         elif lookups:  # each table sees some of the ids: an id past the largest is past every table it could reach
             found[value.name] = max(lookups, key=lambda lookup: lookup.size)
+    for value in graph.input:
+        if value.name not in found and (table := _category_table(value.name, consumers)) is not None:
+            found[value.name] = table
     return found
+
+
+def _category_table(name: str, consumers: Mapping[str, list]) -> Lookup | None:
+    """The OneHotEncoder refusing values outside its categories (zeros = 0) that reads `name`'s values, directly or
+    through value-preserving ops."""
+    for current, pending in each_once(name):
+        for node in consumers.get(current, []):
+            if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
+                pending += list(node.output)
+            elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
+                attributes = {a.name: a for a in node.attribute}
+                zeros = attributes["zeros"].i if "zeros" in attributes else 1
+                known = (list(attributes["cats_strings"].strings) if "cats_strings" in attributes
+                         else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes else None)  # fmt: skip
+                if zeros == 0 and known:
+                    categories = tuple(c.decode() if isinstance(c, bytes) else int(c) for c in known)
+                    return Lookup(node.name or node.output[0], len(categories), False, categories=categories)
+    return None
 
 
 def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
@@ -132,6 +159,9 @@ def check_lookup_indices(
     columns = {name: column for column, name in recipe.data.inputs.items() if isinstance(name, str)}
     for name, lookup in lookups.items():
         values = feeds.get(name)
+        if values is not None and values.size and lookup.categories is not None:
+            _check_categories(recipe, columns, name, lookup, values, rows, what)
+            continue
         if values is None or values.dtype.kind not in "iu" or not values.size:
             continue
         flat = values.reshape(len(values), -1)
@@ -148,6 +178,32 @@ def check_lookup_indices(
                         "where torch's nn.Embedding refuses it: give unknown ids a row of their own, or write the row "
                         "meant)")  # fmt: skip
         raise RecipeError(recipe.source, "data.inputs", message)
+
+
+def _check_categories(
+    recipe: Recipe, columns: Mapping[str, str], name: str, lookup: Lookup, values: np.ndarray, rows: np.ndarray,
+    what: str,
+) -> None:
+    """Every row's values of input `name` are among `lookup`'s categories (a RecipeError naming them otherwise)."""
+    known = set(lookup.categories or ())
+    flat = values.reshape(len(values), -1)
+    unknown = np.flatnonzero([any(_category(v) not in known for v in row) for row in flat])
+    if not unknown.size:
+        return
+    examples = ", ".join(f"row {rows[i]}: {next(_category(v) for v in flat[i] if _category(v) not in known)!r}"
+                         for i in unknown[:_SHOWN_ROWS])  # fmt: skip
+    listed = ", ".join(str(c) for c in (lookup.categories or ())[:12]) + (", ..." if lookup.size > 12 else "")
+    source = f"column {columns[name]!r} (model input {name!r})" if name in columns else f"model input {name!r}"
+    count = f"{unknown.size} {what} row{'s hold' if unknown.size > 1 else ' holds'}"
+    raise RecipeError(recipe.source, "data.inputs", (
+        f"{source}: {count} categories the OneHotEncoder {lookup.node!r} does not know, e.g. {examples}; expected one "
+        f"of its {lookup.size} categories ({listed}): converted with zeros = 0 (scikit-learn's handle_unknown="
+        "'error'), the graph fails on any other; leave those rows out with a filter, or convert the encoder with "
+        "handle_unknown='ignore' (an all-zero encoding)"))  # fmt: skip
+
+
+def _category(value: object) -> object:
+    return value.decode() if isinstance(value, bytes) else value.item() if isinstance(value, np.generic) else value
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:

@@ -396,3 +396,62 @@ def test_an_id_past_the_table_in_a_qat_training_row_is_named_before_anything_run
         "recipe.yaml: data.inputs: column 'tokens' (model input 'ids'): 1 int8-qat training row holds ids outside the "
         "table node '/table/Gather' looks them up in (10 entries), e.g. row 7: 10; expected ids from 0 to 9"
     )
+
+
+def _category_classifier(zeros: int) -> onnx.ModelProto:
+    """code string [N, 1] -> OneHotEncoder over a, b, c (zeros = 0: skl2onnx's handle_unknown='error') -> logits."""
+    weights = numpy_helper.from_array(np.array([[1, -1], [-1, 1], [0.5, 0.5]], dtype=np.float32), "w")
+    nodes = [
+        helper.make_node("OneHotEncoder", ["code"], ["hot"], name="encode", domain="ai.onnx.ml",
+                         cats_strings=["a", "b", "c"], zeros=zeros),
+        helper.make_node("Flatten", ["hot"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "w"], ["logits"]),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "categories", [helper.make_tensor_value_info("code", TensorProto.STRING, ["batch", 1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])], [weights],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def _category_project(root: Path, codes: list[str], zeros: int) -> Path:
+    onnx.save(_category_classifier(zeros), str(root / "model.onnx"))
+    split = np.where(np.arange(len(codes)) < len(codes) // 2, "calib", "eval")
+    pd.DataFrame({"code": codes, "y": np.arange(len(codes)) % 2, "split": split}).to_parquet(root / "rows.parquet")
+    recipe = {
+        "name": "categories", "model": {"path": "model.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"code": "code"}, "label": "y",
+                 "calibration": {"filter": {"split": "calib"}, "samples": 64},
+                 "evaluation": {"filter": {"split": "eval"}}},
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "dynamic"}], "output_dir": "reports",
+    }  # fmt: skip
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return root / "recipe.yaml"
+
+
+@pytest.mark.parametrize(("row", "what"), [(31, "evaluation"), (5, "calibration")])
+def test_a_category_an_encoder_refuses_is_named_with_its_column_and_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], row: int, what: str
+) -> None:
+    """ONNX Runtime fails the batch holding it (`Unknown Category and zeros = 0`); validate blamed the model ('the
+    FP32 reference does not run on onnxruntime-cpu') where the row was among its first, the sweep's batch otherwise."""
+    codes = ["abc"[i % 3] for i in range(40)]
+    codes[row] = "latam"
+    assert main(["validate", str(_category_project(tmp_path, codes, zeros=0))]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"recipe.yaml: data.inputs: column 'code' (model input 'code'): 1 {what} row holds categories the "
+        f"OneHotEncoder 'encode' does not know, e.g. row {row}: 'latam'; expected one of its 3 categories (a, b, c): "
+        "converted with zeros = 0 (scikit-learn's handle_unknown='error'), the graph fails on any other; leave those "
+        "rows out with a filter, or convert the encoder with handle_unknown='ignore' (an all-zero encoding)"
+    )
+
+
+def test_an_encoder_that_encodes_unknown_categories_as_zeros_checks_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    codes = ["abc"[i % 3] for i in range(40)]
+    codes[31] = "latam"
+    path = _category_project(tmp_path, codes, zeros=1)
+    assert constant_lookups(tmp_path / "model.onnx") == {}
+    assert main(["validate", str(path)]) == 0, capsys.readouterr().err

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from qbench.data.filters import select_rows
+from qbench.data.filters import format_value, select_rows
 from qbench.data.images import content_table
 from qbench.data.leakage import distinct_inputs, row_digests
 from qbench.data.load import load_table, table_name
@@ -165,6 +165,40 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
                           held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct,
                           digests=digests)  # fmt: skip
+
+
+def limit_notes(table: pd.DataFrame, evaluation: EvaluationRows, data: DataSpec, *, label_classes: bool) -> list[str]:
+    """What `data.evaluation.limit` left out, as warnings: how many rows (the limit keeps the first rows in file
+    order), and each class of the label (`label_classes`: the task's labels name classes) and each value of a `by`
+    slice column that the rows past the limit hold and the rows kept do not. Tables are often ordered by what they
+    hold (a partitioned folder by date, an export by label): on one sorted by label, `limit: 150` judged 150 rows of
+    one class while 66 of the other were never scored, and nothing said so."""
+    kept, beyond = evaluation.rows, evaluation.beyond_limit
+    if len(beyond) == 0:
+        return []
+    notes = [f"data.evaluation.limit: {len(kept)} of the {len(kept) + len(beyond)} evaluation rows of "
+             f"{table_name(table)} are evaluated, the first in file order; {len(beyond)} past the limit are not"]
+    named = [*(data.label_columns if label_classes else ()), *(spec.by for spec in data.slices if spec.by)]
+    for column in dict.fromkeys(named):
+        if column not in table.columns:
+            continue
+        try:
+            held = set(table[column].iloc[kept].dropna())
+            past = table[column].iloc[beyond].dropna()
+            lost = past[~past.isin(held)]
+        except TypeError:  # list cells (token labels): no single value to name
+            continue
+        if lost.empty:
+            continue
+        counts = lost.value_counts(sort=False)
+        shown = ", ".join(f"{format_value(value)} ({count} rows)" for value, count in list(counts.items())[:5])
+        more = f", ... ({len(counts)} in all)" if len(counts) > 5 else ""
+        what = "label" if column in data.label_columns else "slice column"
+        notes.append(f"data.evaluation.limit: the {len(kept)} rows kept hold no row of {what} {column!r} = {shown}"
+                     f"{more}, which rows past the limit hold (the limit keeps the first rows: a table ordered by this "
+                     "column leaves its later values out); every figure and the gate judge the rows kept alone: "
+                     "shuffle the table, or select the rows to judge with data.evaluation.filter")  # fmt: skip
+    return notes
 
 
 def _with_missing_slices(

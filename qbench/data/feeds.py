@@ -34,7 +34,7 @@ from qbench.data.text import (
     tokenizer_input_names,
 )
 from qbench.data.text_tables import text_cells_hint
-from qbench.errors import QbenchError, RecipeError, did_you_mean
+from qbench.errors import QbenchError, RecipeError, did_you_mean, names_listed
 from qbench.modelinfo import TensorMeta
 from qbench.recipe_data import ImageInputSpec, InputTarget, TextInputSpec
 
@@ -319,7 +319,7 @@ def _check_token_shape(
 
 def _expected(got: str, choices: Iterable[str]) -> str:
     options = sorted(str(choice) for choice in choices)
-    return f"expected one of {', '.join(options)}{did_you_mean(got, options)}"
+    return f"expected one of {names_listed(options)}{did_you_mean(got, options)}"
 
 
 def _stack_cells(cells: pd.Series, column: str, *, recipe_file: Path) -> np.ndarray:

@@ -87,9 +87,9 @@ def scalar_column(df: pd.DataFrame, column: str, *, field: str, recipe_file: Pat
     shown = ", ".join(repr(str(name)) for name in fields[:4]) + (", ..." if len(fields) > 4 else "")
     flattened = f"{column}.{fields[0] if fields else '<field>'}"
     raise RecipeError(recipe_file, field, (
-        f"column {column!r} holds structs (nested fields {shown}), as Spark and pyarrow write nested columns; expected "
-        f"a column of single values: write the field as a column of its own (pyarrow's Table.flatten() names it "
-        f"{flattened!r})"))  # fmt: skip
+        f"column {column!r} holds structs (nested fields {shown}), as Spark and pyarrow write nested columns and JSON "
+        f"lines nested objects; expected a column of single values: each field is a column of its own, named as "
+        f"pyarrow's Table.flatten() names it ({flattened!r})"))  # fmt: skip
 
 
 def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: Path) -> None:

@@ -73,8 +73,8 @@ def load_table(
             read = partial(_read_parquet_folder, text_columns=text_columns)
         elif read is _read_json_lines:
             read = partial(_read_json_lines, encoding=encoding)
-        read = partial(_with_text_parsed, read, text_columns=text_columns, list_columns=list_columns,
-                       columns=value_columns)  # fmt: skip
+        read = partial(_with_text_parsed, partial(_with_struct_fields, read), text_columns=text_columns,
+                       list_columns=list_columns, columns=value_columns)  # fmt: skip
     try:
         df = read(path)
         if df.columns.has_duplicates:  # Feather, Arrow and any later reader: pandas keeps both, and a column lookup
@@ -102,6 +102,37 @@ def _with_text_parsed(
     columns: Collection[str],
 ) -> pd.DataFrame:  # fmt: skip
     return parse_text_cells(read(path), text_columns=text_columns, list_columns=list_columns, columns=columns)
+
+
+def _with_struct_fields(read: Callable[[Path], pd.DataFrame], path: Path) -> pd.DataFrame:
+    """The table, each field of a struct column (a JSON object per line, a Spark/pyarrow struct) also a column of its
+    own named as pyarrow's Table.flatten() names it (`meta.region`; nested structs `a.b.c`), a row without the field
+    or holding null in it missing there. Before, JSON lines written `{"features": {...}, "meta": {"region": ...}}`
+    could feed no field and slice by none: `by: meta.region` was "not a column"."""
+    return _struct_fields(read(path))
+
+
+def _struct_fields(df: pd.DataFrame) -> pd.DataFrame:
+    columns: dict[str, pd.Series] = {str(name): df[name] for name in df.columns}
+    pending = list(columns)
+    added = False
+    while pending:
+        column = pending.pop(0)
+        cells = columns[column]
+        present = cells[cells.notna()] if pd.api.types.is_object_dtype(cells) else cells.iloc[:0]
+        if present.empty or not isinstance(present.iloc[0], dict) or not present.map(
+                lambda cell: isinstance(cell, dict)).all():  # list cells (most object columns): one look
+            continue
+        for key in dict.fromkeys(str(key) for cell in present for key in cell):
+            name = f"{column}.{key}"
+            if name in columns:
+                raise ValueError(f"column {column!r} holds structs whose field {key!r} is also a column named "
+                                 f"{name!r}; expected one column of each name")  # fmt: skip
+            values = [cell.get(key) if isinstance(cell, dict) else None for cell in cells]
+            columns[name] = pd.Series(values, index=df.index, dtype=None if any(v is not None for v in values) else object)
+            pending.append(name)
+            added = True
+    return pd.concat(columns, axis=1) if added else df
 
 
 def table_name(df: pd.DataFrame) -> str:

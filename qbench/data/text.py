@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data.load import table_name
-from qbench.errors import MissingExtraError, RecipeError, did_you_mean
+from qbench.errors import MissingExtraError, RecipeError, did_you_mean, names_listed
 from qbench.recipe_data import TextInputSpec, TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,7 +142,7 @@ def check_pair_column(df: pd.DataFrame, column: str, spec: TokenizerSpec, *, rec
     """The column `spec.pair` names is in the table (a RecipeError at text input `column`'s tokenizer.pair)."""
     if spec.pair is not None and spec.pair not in df.columns:
         columns = sorted(str(c) for c in df.columns)
-        message = (f"column {spec.pair!r} is not in {table_name(df)}; expected one of {', '.join(columns)}"
+        message = (f"column {spec.pair!r} is not in {table_name(df)}; expected one of {names_listed(columns)}"
                    f"{did_you_mean(spec.pair, columns)}")  # fmt: skip
         raise RecipeError(recipe_file, tokenizer_field(column, "pair"), message)
 

@@ -115,6 +115,9 @@ def below_chance(
         hint = f"check the order of data.classes ({_listed(named)}): it names each score column's class in column order"
         if one_score_column(output):
             hint += f"; {ONE_COLUMN_CLASSES}"
+    elif (stated := column_classes(output)) is not None:  # data.classes is refused beside a class table
+        hint = (f"the graph names its classes ({_listed(stated)}), so a number label is the position of its class "
+                f"there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
     else:
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
     guess = "" if unpaired_rate is None else f" and a guess answering each class as often as FP32 does ({unpaired_rate:.4f})"

@@ -72,3 +72,63 @@ def test_the_gate_re_derives_the_slices_when_the_model_is_no_longer_readable(tmp
     recipe = _code_project(tmp_path, ["007", "7", "007"])
     (tmp_path / "codes.onnx").write_bytes(b"\x08\x07 not a model")
     assert evaluation_from_data(load_recipe(recipe)).rows.tolist() == [0, 1, 2]
+
+
+def _sorted_project(root: Path, limit: int) -> Path:
+    """A linear 2-class model on `x` (N, 2) and a Parquet table ordered by its label (12 rows of class 0, then 8 of
+    class 1), its `region` column ordered too; a recipe evaluating the first `limit` rows."""
+    onnx = pytest.importorskip("onnx")
+    pd = pytest.importorskip("pandas")
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.array([[1, -1], [-1, 1]], dtype=np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"])], "lin",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 2])], [weights],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(root / "m.onnx"))
+    labels = [0] * 12 + [1] * 8
+    cells = [[1.0, 0.0] if y == 0 else [0.0, 1.0] for y in labels]
+    regions = ["eu"] * 6 + ["us"] * 14
+    pd.DataFrame({"x": cells, "y": labels, "region": regions}).to_parquet(root / "rows.parquet")
+    recipe = {
+        "name": "sorted", "model": {"path": "m.onnx"},
+        "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "evaluation": {"limit": limit},
+                 "slices": [{"by": "region"}]},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "output_dir": "reports",
+    }  # fmt: skip
+    (root / "r.yaml").write_text(yaml.safe_dump(recipe))
+    return root / "r.yaml"
+
+
+def test_a_limit_that_leaves_out_a_class_or_a_slice_value_says_so(tmp_path: Path, caplog) -> None:
+    """The limit keeps the first rows in file order: on a table ordered by label it judged class 0 alone (and the
+    slice us, whose 6 rows kept are all class 0), and nothing said that 8 rows of class 1 were never scored."""
+    from qbench.preflight import prepare
+
+    with caplog.at_level("WARNING", logger="qbench"):
+        prepared = prepare(load_recipe(_sorted_project(tmp_path, limit=5)), track=False, destinations=False)
+    assert prepared.labels.tolist() == [0] * 5
+    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.evaluation.limit")]
+    assert warnings[0] == ("data.evaluation.limit: 5 of the 20 evaluation rows of rows.parquet are evaluated, the "
+                           "first in file order; 15 past the limit are not")  # fmt: skip
+    assert warnings[1].startswith("data.evaluation.limit: the 5 rows kept hold no row of label 'y' = 1 (8 rows), ")
+    assert warnings[2].startswith("data.evaluation.limit: the 5 rows kept hold no row of slice column 'region' = "
+                                  "us (14 rows), ")  # fmt: skip
+    assert len(warnings) == 3
+
+
+def test_a_limit_that_keeps_every_class_and_slice_value_names_the_rows_alone(tmp_path: Path) -> None:
+    from qbench.data import evaluation_rows, limit_notes, load_data_table
+
+    recipe = load_recipe(_sorted_project(tmp_path, limit=19))
+    table = load_data_table(recipe.data_path, recipe.data, label_names=True, recipe_file=recipe.source)
+    rows = evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=False)
+    assert limit_notes(table, rows, recipe.data, label_classes=True) == [
+        "data.evaluation.limit: 19 of the 20 evaluation rows of rows.parquet are evaluated, the first in file order; "
+        "1 past the limit are not"
+    ]
+    unlimited = recipe.data.model_copy(update={"evaluation": recipe.data.evaluation.model_copy(update={"limit": None})})
+    assert limit_notes(table, evaluation_rows(table, unlimited, recipe_file=recipe.source, calibrated=False), unlimited,
+                       label_classes=True) == []  # fmt: skip

@@ -534,3 +534,15 @@ def test_cells_naming_numpy_files_are_named_so(tmp_path: Path, shape, first) -> 
     np.savez(tmp_path / "rows.npz", x=np.stack(arrays))
     fed = _feed(load_table(tmp_path / "rows.npz", recipe_file=RECIPE), "x", _meta("x", (None, 4, 3)))
     np.testing.assert_array_equal(fed, np.stack(arrays))
+
+
+def test_a_missing_column_lists_names_with_spaces_at_an_end_quoted() -> None:
+    """A spreadsheet's header ` Mean Radius ;...`: listed plainly, ' Mean Radius ' read as 'Mean Radius', which the
+    recipe then named in vain."""
+    table = pd.DataFrame({" Mean Radius ": [1.0, 2.0], "label": [0, 1]})
+    with pytest.raises(RecipeError) as info:
+        build_feeds(table, np.arange(2), {"mean_radius": "x"}, _meta("x", (None,)), recipe_file=RECIPE)
+    assert str(info.value) == (
+        "recipe.yaml: data.inputs: column 'mean_radius' is not in the table; expected one of ' Mean Radius ', label "
+        "(did you mean ' Mean Radius '?)"
+    )

@@ -138,9 +138,10 @@ def test_filter_on_a_struct_column_names_its_fields(tmp_path: Path) -> None:
         filter_mask(table, {"meta": "eu"}, field=FIELD, recipe_file=RECIPE)
     assert str(info.value) == (
         "recipe.yaml: data.evaluation.filter.meta: column 'meta' holds structs (nested fields 'site', 'batch'), as "
-        "Spark and pyarrow write nested columns; expected a column of single values: write the field as a column of "
-        "its own (pyarrow's Table.flatten() names it 'meta.site')"
+        "Spark and pyarrow write nested columns and JSON lines nested objects; expected a column of single values: "
+        "each field is a column of its own, named as pyarrow's Table.flatten() names it ('meta.site')"
     )
+    assert filter_mask(table, {"meta.site": "eu"}, field=FIELD, recipe_file=RECIPE).tolist() == [True, False]
 
 
 def test_select_rows_returns_sorted_int_positions() -> None:

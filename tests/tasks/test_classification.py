@@ -227,6 +227,18 @@ def test_below_chance_with_data_classes_points_at_their_order() -> None:
                    "score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']")  # fmt: skip
 
 
+def test_below_chance_beside_the_graphs_class_table_points_at_it_not_at_data_classes() -> None:
+    """scikit-learn's breast-cancer labels (0 malignant) against a model of string classes (benign, malignant): the
+    hint named data.classes, which is refused beside a graph's own class table."""
+    from qbench.tasks.classification import below_chance
+
+    scores = TensorMeta("probabilities", np.dtype("float32"), (None, 2), class_keys=("benign", "malignant"))
+    why = below_chance(0.0409, scores, np.array([0, 1, 1, 0]))
+    assert why == ("FP32 accuracy 0.0409 on output 'probabilities' is below a uniform guess over 2 classes (0.5000): "
+                   "the graph names its classes (benign, malignant), so a number label is the position of its class "
+                   "there (0: benign); write the labels as those classes, or recode them to those positions")  # fmt: skip
+
+
 def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
     """Values within [0, 1] are read as probabilities only when the graph does not say they are logits."""
     scores = np.array([[0.38], [0.45], [0.74], [0.6]], np.float32)
