@@ -39,13 +39,19 @@ def draw_calibration_sample(
 
 
 def group_codes(df: pd.DataFrame, column: str | None, *, recipe_file: Path) -> np.ndarray | None:
-    """Each table row's group (`data.calibration.group_by`: a query id, a series) as an integer code; None without
-    one. A metric over groups of rows (NDCG per query) reads a part of a group as a whole one: a query with 4 of its
-    10 documents keeps its top 5 in order far more easily, so rows it is computed on are drawn whole groups at a time."""
+    """Each table row's group (`data.calibration.group_by`: a query id, a series) as an integer code, a row whose
+    value is missing a group of its own; None without one. A metric over groups of rows (NDCG per query) reads a part
+    of a group as a whole one: a query with 4 of its 10 documents keeps its top 5 in order far more easily, so rows it
+    is computed on are drawn whole groups at a time."""
     if column is None:
         return None
     values = scalar_column(df, column, field=GROUP_FIELD, recipe_file=recipe_file)
-    return pd.factorize(values, use_na_sentinel=False)[0].astype(np.int64)
+    codes = pd.factorize(values)[0].astype(np.int64)
+    # a row with no group id is a group of its own: rows missing it are no one query, and as one group they could
+    # fill a draw many times over (100 such rows drawn whole for samples: 20)
+    missing = codes < 0
+    codes[missing] = codes.max(initial=-1) + 1 + np.arange(int(missing.sum()))
+    return codes
 
 
 def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: DataSpec) -> None:

@@ -162,3 +162,16 @@ def test_unknown_group_by_column() -> None:
     assert str(info.value) == (
         "recipe.yaml: data.calibration.group_by: got 'quid', expected one of noise, qid (did you mean 'qid'?)"
     )
+
+
+def test_group_by_rows_missing_their_group_are_groups_of_one() -> None:
+    """10 queries of 10 rows and 100 rows with no query id: read as one group, those 100 rows were drawn whole for
+    samples: 20 (seed 5 drew 100 rows, every one without an id). Each is now a group of its own: no draw exceeds the
+    20 rows asked, and the queries still come whole."""
+    qid = np.concatenate([np.repeat(np.arange(10.0), 10), np.full(100, np.nan)])
+    table = pd.DataFrame({"qid": qid})
+    for seed in range(10):
+        spec = CalibrationSpec(samples=20, seed=seed, group_by="qid")
+        rows = draw_calibration_sample(table, np.arange(200), spec, recipe_file=RECIPE)
+        assert len(rows) == 20
+        assert (table.qid.iloc[rows].value_counts() == 10).all()  # value_counts leaves the missing ids out
