@@ -80,7 +80,7 @@ def draw_from_strata(
     (allocate_proportionally), sorted ascending; all of them when they hold no more than `count`. With `groups` (a
     code per table position: group_codes), every row of a group is drawn or none: each group counts in the stratum
     of its first row, and each stratum's quota is filled with whole groups in a seeded order, skipping any that
-    would overfill it (its first group is taken whatever its size), so a stratum may get fewer rows than its quota."""
+    would overfill it, so a stratum may get fewer rows than its quota (one whole group, more, where none fits)."""
     everything = np.concatenate(strata).astype(np.int64) if strata else np.zeros(0, dtype=np.int64)
     if count >= len(everything):
         return np.sort(everything)
@@ -107,17 +107,20 @@ def _whole_group_strata(strata: list[np.ndarray], groups: np.ndarray) -> list[np
 
 
 def _whole_groups(members: np.ndarray, quota: int, groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Whole groups of `members` (by `groups`), in a seeded order, holding at most `quota` rows (one group at least)."""
+    """Whole groups of `members` (by `groups`), in a seeded order, holding at most `quota` rows; the first group in
+    that order where none fits (a quota smaller than every group). A group larger than the quota is skipped like any
+    that would overfill it: taken first, one query of 100 rows filled a 20-row draw five times over."""
     codes = groups[members]
     distinct, sizes = np.unique(codes, return_counts=True)
+    order = rng.permutation(len(distinct))
     taken, chosen = 0, []
-    for index in rng.permutation(len(distinct)):
-        if taken + sizes[index] <= quota or not chosen:
+    for index in order:
+        if taken + sizes[index] <= quota:
             chosen.append(distinct[index])
             taken += int(sizes[index])
         if taken >= quota:
             break
-    return members[np.isin(codes, chosen)]
+    return members[np.isin(codes, chosen or [distinct[order[0]]])]
 
 
 def slice_strata(positions: np.ndarray, masks: dict[str, np.ndarray]) -> list[np.ndarray]:
