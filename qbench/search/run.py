@@ -287,7 +287,7 @@ class _Search:
         bases = select.keep_float_bases(self.records, self.tie())
         if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
             return
-        ranking, covered = self.sensitivity_ranking()  # a base quantizing nodes beyond `covered`: its own ranking
+        ranking, covered = self.sensitivity_ranking()
         for base in bases:
             if not self.may_win(self.records[base]):
                 continue  # a keep-float candidate of a faster base passed since
@@ -317,10 +317,8 @@ class _Search:
     def base_ranking(self, base: int, ranking: list[str], covered: set[str]) -> tuple[list[str], int]:
         """The ranking restricted to the nodes `base` quantized (keeping float a node it left float anyway would
         rebuild the same graph: a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build),
-        and how many nodes `base` quantized. A base that quantizes nodes the ranked build did not (`covered`) is ranked
-        on its own build (qbench.search.ranking): ranked on the static build alone, an LSTM model's ORT dynamic
-        candidate, far past its tolerance for its two LSTMs, could only keep its one Gemm float; not for a node the
-        ranked build quantized but could not measure (its own base re-ran the screening rows for the same ranking)."""
+        and how many nodes `base` quantized. A base quantizing nodes the ranked build did not (beyond `covered`: an
+        LSTM model's ORT dynamic candidate, which could keep only its Gemm float) is ranked on its own build."""
         own = quantized_names(self.ctx.reference_path, self.built[base])
         ranked = [name for name in ranking if name in own]
         if own - covered:
