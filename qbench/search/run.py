@@ -321,7 +321,7 @@ class _Search:
         LSTM model's ORT dynamic candidate, which could keep only its Gemm float) is ranked on its own build."""
         own = quantized_names(self.ctx.reference_path, self.built[base])
         ranked = [name for name in ranking if name in own]
-        if own - covered:
+        if own - covered and self.within_budget("ranking a keep-float base on its own build"):
             ranked = self._ranked(self.built[base], f"ranking-{base}") or ranked
         return ranked, len(own)
 
