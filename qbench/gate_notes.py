@@ -73,22 +73,35 @@ def constant_reference(results: SweepResults, pairs: Sequence[tuple[str, str]]) 
     whose spread over them is 0, metrics.spread): its figures do not depend on the inputs, so a variant passes by
     giving that answer too, and a drop against it says nothing of how the variant computes on inputs that vary. A
     note, not a refusal: the figures are sound measurements of what the model computes on these rows (a model, or one
-    of its outputs, may be constant there by design); what they cannot show is said with the verdict."""
+    of its outputs, may be constant there by design); what they cannot show is said with the verdict. Where other
+    outputs vary, the inputs do reach the model: the note names the constant outputs alone and what their figures
+    cannot show, not a model that ignores its inputs."""
     notes = []
     for reference in _references(results, pairs):
         accuracy = reference.accuracy
         if accuracy is None or accuracy.overall.size < 2:
             continue
-        constant = [output for output, spread in accuracy.overall.spread.items() if spread == 0]
-        if constant:
-            named = ", ".join(repr(o) for o in constant if o)
-            spreads = f"outputs {named} spread" if len(constant) > 1 else f"output {named} spreads" if named else \
-                "its output spreads"
-            notes.append(f"{reference.key} gives the same answer on all {accuracy.overall.size} evaluation rows "
-                         f"({spreads} 0 across them): its "
-                         "figures do not depend on the inputs, so a variant passes by giving that answer too and a "
-                         "drop against it says nothing of how a variant computes on inputs that vary; check that "
-                         "data.inputs feed what the model reads and that the model is the trained one")  # fmt: skip
+        spreads = accuracy.overall.spread
+        constant = [output for output, spread in spreads.items() if spread == 0]
+        if not constant:
+            continue
+        rows = accuracy.overall.size
+        named = ", ".join(repr(o) for o in constant if o)
+        varying = [output for output, spread in spreads.items() if math.isfinite(spread) and spread > 0]
+        if varying:
+            notes.append(f"{reference.key}'s {'outputs' if len(constant) > 1 else 'output'} {named} "
+                         f"{'are' if len(constant) > 1 else 'is'} the same on all {rows} evaluation rows (spread 0 "
+                         f"across them) while {', '.join(map(repr, varying))} vary: figures on "
+                         f"{'them' if len(constant) > 1 else 'it'} do not depend on the inputs, so a variant passes "
+                         "there by giving that value too (an output constant by design, or one these rows never move)")
+            continue
+        what = f"outputs {named} spread" if len(constant) > 1 else f"output {named} spreads" if named else \
+            "its output spreads"
+        notes.append(f"{reference.key} gives the same answer on all {rows} evaluation rows "
+                     f"({what} 0 across them): its "
+                     "figures do not depend on the inputs, so a variant passes by giving that answer too and a "
+                     "drop against it says nothing of how a variant computes on inputs that vary; check that "
+                     "data.inputs feed what the model reads and that the model is the trained one")  # fmt: skip
     return notes
 
 

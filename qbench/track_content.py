@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -53,17 +54,18 @@ def unique_names(names: Iterable[str], clean: Callable[[str], str] = sanitise_na
     """Map each name to its cleaned form. Names whose keys are the same but for case (`Gate=X` and `gate=x`, `Logits`
     and `logits`) collide too: a store that compares keys without case (MLflow on MySQL) would file both figures
     under one key. Colliding names are told apart by a digest of the name itself, not by their order (which changes
-    with the data): a slice keeps its key from sweep to sweep, and the one colliding name that is already clean keeps
-    the bare key (where several are, as `Logits` and `logits`, none does)."""
+    with the data): a slice keeps its key from sweep to sweep, and of the colliding names already clean, the first in
+    code-point order keeps the bare key (`Logits` beside `logits`): each kept its key before case counted, and with
+    neither keeping it, both changed, and a lone `Logits` changed key in a sweep whose data also held `logits`."""
     cleaned = {name: clean(name) for name in dict.fromkeys(names)}
-    groups: dict[str, list[str]] = {}
-    for name, key in cleaned.items():
-        groups.setdefault(key.casefold(), []).append(name)
+    counts = Counter(key.casefold() for key in cleaned.values())
+    bare: dict[str, str] = {}  # the key without case -> the name keeping the bare key
+    for name, key in sorted(cleaned.items()):
+        if name == key or counts[key.casefold()] == 1:
+            bare.setdefault(key.casefold(), name)
     mapping = {}
     for name, key in cleaned.items():
-        group = groups[key.casefold()]
-        bare = len(group) == 1 or (name == key and sum(other == cleaned[other] for other in group) == 1)
-        if not bare:
+        if bare.get(key.casefold()) != name:
             digest = hashlib.sha256(name.encode()).hexdigest()[:6]
             key = f"{key[: MAX_ENTITY_KEY_LENGTH - 8]}_{digest}"
         mapping[name] = key

@@ -52,3 +52,27 @@ def test_a_reference_whose_outputs_vary_gets_no_such_note():
     varied[7, 0] += 1e-3
     report = evaluate_gate(_results(varied, varied.copy(), labels), SPEC)
     assert report.exit_code == EXIT_PASS and not [n for n in report.notes if "same answer" in n]
+
+
+def test_an_output_constant_by_design_beside_one_that_varies_is_noted_as_that_output_alone():
+    """FP32's logits vary across the rows and a second evaluated output, 'version', is 3.0 on every one (constant by
+    design). The note said FP32 'gives the same answer on all 300 evaluation rows', that its figures 'do not depend on
+    the inputs' and to check that data.inputs feed the model, all three false: the logits vary. It now names
+    'version' alone, says 'logits' vary, and gives no such advice."""
+    import dataclasses
+
+    labels = np.arange(ROWS) % 3
+    varied = np.random.default_rng(0).normal(size=(ROWS, 3)).astype(np.float32)
+    results = _results(varied, varied.copy(), labels)
+    with_version = []
+    for variant in results.variants:
+        overall = variant.accuracy.overall
+        spread = {"logits": overall.spread[next(iter(overall.spread))], "version": 0.0}
+        accuracy = dataclasses.replace(variant.accuracy, overall=dataclasses.replace(overall, spread=spread))
+        with_version.append(dataclasses.replace(variant, accuracy=accuracy))
+    report = evaluate_gate(dataclasses.replace(results, variants=tuple(with_version)), SPEC)
+    assert report.exit_code == EXIT_PASS and spread["logits"] > 1
+    [note] = [n for n in report.notes if "spread 0" in n or "same answer" in n]
+    assert note.startswith("fp32@onnxruntime-cpu's output 'version' is the same on all 300 evaluation rows (spread 0 "
+                           "across them) while 'logits' vary: figures on it do not depend on the inputs")
+    assert "same answer" not in note and "data.inputs" not in note

@@ -108,9 +108,16 @@ def test_slices_differing_only_by_case_keep_a_key_each_without_case() -> None:
     assert unique_names(["gate=x", "Gate=X"]) == unique_names(["Gate=X", "gate=x"])  # by name, not by order
 
 
-def test_clean_names_differing_only_by_case_both_get_a_digest_and_a_lone_clean_name_keeps_its_key() -> None:
-    keys = unique_names(["Logits/accuracy", "logits/accuracy", "other"])
+def test_clean_names_differing_only_by_case_keep_the_first_bare_and_a_lone_clean_name_keeps_its_key() -> None:
+    """`Logits` and `logits` both kept their keys before case counted; giving both a digest changed both, and a lone
+    `Logits` changed key in a sweep whose data also held `logits`. The first in code-point order keeps its key, in any
+    order given, the other gets a digest: still one key each without case."""
+    keys = unique_names(["logits/accuracy", "Logits/accuracy", "other"])
     assert keys["other"] == "other" and len({k.casefold() for k in keys.values()}) == 3
-    assert all(keys[n].startswith(f"{n}_") for n in ("Logits/accuracy", "logits/accuracy"))
+    digest = hashlib.sha256(b"logits/accuracy").hexdigest()[:6]
+    assert keys == {"Logits/accuracy": "Logits/accuracy", "logits/accuracy": f"logits/accuracy_{digest}",
+                    "other": "other"}  # fmt: skip
+    assert unique_names(["Logits/accuracy", "logits/accuracy", "other"]) == keys
+    assert unique_names(["Logits/accuracy"]) == {"Logits/accuracy": "Logits/accuracy"}
     digest = hashlib.sha256(b"a=b").hexdigest()[:6]
     assert unique_names(["a=b", "A_b"]) == {"a=b": f"a_b_{digest}", "A_b": "A_b"}  # the one clean name keeps its key

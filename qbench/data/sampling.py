@@ -39,13 +39,19 @@ def draw_calibration_sample(
 
 
 def group_codes(df: pd.DataFrame, column: str | None, *, recipe_file: Path) -> np.ndarray | None:
-    """Each table row's group (`data.calibration.group_by`: a query id, a series) as an integer code; None without
-    one. A metric over groups of rows (NDCG per query) reads a part of a group as a whole one: a query with 4 of its
-    10 documents keeps its top 5 in order far more easily, so rows it is computed on are drawn whole groups at a time."""
+    """Each table row's group (`data.calibration.group_by`: a query id, a series) as an integer code, a row whose
+    value is missing a group of its own; None without one. A metric over groups of rows (NDCG per query) reads a part
+    of a group as a whole one: a query with 4 of its 10 documents keeps its top 5 in order far more easily, so rows it
+    is computed on are drawn whole groups at a time."""
     if column is None:
         return None
     values = scalar_column(df, column, field=GROUP_FIELD, recipe_file=recipe_file)
-    return pd.factorize(values, use_na_sentinel=False)[0].astype(np.int64)
+    codes = pd.factorize(values)[0].astype(np.int64)
+    # a row with no group id is a group of its own: rows missing it are no one query, and as one group they could
+    # fill a draw many times over (100 such rows drawn whole for samples: 20)
+    missing = codes < 0
+    codes[missing] = codes.max(initial=-1) + 1 + np.arange(int(missing.sum()))
+    return codes
 
 
 def warn_thin_sample(table: pd.DataFrame, pool: int, rows: np.ndarray, data: DataSpec) -> None:
@@ -74,7 +80,7 @@ def draw_from_strata(
     (allocate_proportionally), sorted ascending; all of them when they hold no more than `count`. With `groups` (a
     code per table position: group_codes), every row of a group is drawn or none: each group counts in the stratum
     of its first row, and each stratum's quota is filled with whole groups in a seeded order, skipping any that
-    would overfill it (its first group is taken whatever its size), so a stratum may get fewer rows than its quota."""
+    would overfill it, so a stratum may get fewer rows than its quota (one whole group, more, where none fits)."""
     everything = np.concatenate(strata).astype(np.int64) if strata else np.zeros(0, dtype=np.int64)
     if count >= len(everything):
         return np.sort(everything)
@@ -101,17 +107,20 @@ def _whole_group_strata(strata: list[np.ndarray], groups: np.ndarray) -> list[np
 
 
 def _whole_groups(members: np.ndarray, quota: int, groups: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Whole groups of `members` (by `groups`), in a seeded order, holding at most `quota` rows (one group at least)."""
+    """Whole groups of `members` (by `groups`), in a seeded order, holding at most `quota` rows; the first group in
+    that order where none fits (a quota smaller than every group). A group larger than the quota is skipped like any
+    that would overfill it: taken first, one query of 100 rows filled a 20-row draw five times over."""
     codes = groups[members]
     distinct, sizes = np.unique(codes, return_counts=True)
+    order = rng.permutation(len(distinct))
     taken, chosen = 0, []
-    for index in rng.permutation(len(distinct)):
-        if taken + sizes[index] <= quota or not chosen:
+    for index in order:
+        if taken + sizes[index] <= quota:
             chosen.append(distinct[index])
             taken += int(sizes[index])
         if taken >= quota:
             break
-    return members[np.isin(codes, chosen)]
+    return members[np.isin(codes, chosen or [distinct[order[0]]])]
 
 
 def slice_strata(positions: np.ndarray, masks: dict[str, np.ndarray]) -> list[np.ndarray]:

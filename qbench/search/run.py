@@ -287,11 +287,11 @@ class _Search:
         bases = select.keep_float_bases(self.records, self.tie())
         if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
             return
-        ranking = self.sensitivity_ranking()  # a base quantizing nodes it lacks is ranked on its own build
+        ranking, covered = self.sensitivity_ranking()
         for base in bases:
             if not self.may_win(self.records[base]):
                 continue  # a keep-float candidate of a faster base passed since
-            own, quantized = self.base_ranking(base, ranking)
+            own, quantized = self.base_ranking(base, ranking, covered)
             most = min(self.spec.max_keep_float, len(own), quantized - 1)  # all of them float: the FP32 model
             if most < 1:
                 logger.info(f"  {self.records[base].label}: none of the ranked nodes can be kept float there (it "
@@ -314,20 +314,20 @@ class _Search:
             else:  # every rung failed: more float nodes were what was left, if max_keep_float was the cap
                 self.keep_float_exhausted |= most == self.spec.max_keep_float
 
-    def base_ranking(self, base: int, ranking: list[str]) -> tuple[list[str], int]:
+    def base_ranking(self, base: int, ranking: list[str], covered: set[str]) -> tuple[list[str], int]:
         """The ranking restricted to the nodes `base` quantized (keeping float a node it left float anyway would
         rebuild the same graph: a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build),
-        and how many nodes `base` quantized. A base that quantizes nodes the ranking lacks is ranked on its own build
-        (qbench.search.ranking): ranked on the static build alone, an LSTM model's ORT dynamic candidate, far past its
-        tolerance for its two LSTMs, could only keep its one Gemm float."""
+        and how many nodes `base` quantized. A base quantizing nodes the ranked build did not (beyond `covered`: an
+        LSTM model's ORT dynamic candidate, which could keep only its Gemm float) is ranked on its own build."""
         own = quantized_names(self.ctx.reference_path, self.built[base])
         ranked = [name for name in ranking if name in own]
-        if len(ranked) < len(own):
+        if own - covered and self.within_budget("ranking a keep-float base on its own build"):
             ranked = self._ranked(self.built[base], f"ranking-{base}") or ranked
         return ranked, len(own)
 
-    def sensitivity_ranking(self) -> list[str]:
-        """Quantized nodes, the most noise added first (per-layer SQNR of a static Q/DQ build on the screening rows)."""
+    def sensitivity_ranking(self) -> tuple[list[str], set[str]]:
+        """Quantized nodes, the noisiest first (per-layer SQNR of a static Q/DQ build on the screening rows), and the
+        nodes that build quantized (none where it could not be ranked)."""
         static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
                        and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
         if static is None:
@@ -338,8 +338,9 @@ class _Search:
                 if write_fault(exc):
                     raise
                 logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
-                return []
-        return self._ranked(static, "ranking-work")
+                return [], set()
+        ranked = self._ranked(static, "ranking-work")
+        return ranked, quantized_names(self.ctx.reference_path, static) if ranked else set()
 
     def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
         """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""

@@ -162,3 +162,31 @@ def test_unknown_group_by_column() -> None:
     assert str(info.value) == (
         "recipe.yaml: data.calibration.group_by: got 'quid', expected one of noise, qid (did you mean 'qid'?)"
     )
+
+
+def test_group_by_rows_missing_their_group_are_groups_of_one() -> None:
+    """10 queries of 10 rows and 100 rows with no query id: read as one group, those 100 rows were drawn whole for
+    samples: 20 (seed 5 drew 100 rows, every one without an id). Each is now a group of its own: no draw exceeds the
+    20 rows asked, and the queries still come whole."""
+    qid = np.concatenate([np.repeat(np.arange(10.0), 10), np.full(100, np.nan)])
+    table = pd.DataFrame({"qid": qid})
+    for seed in range(10):
+        spec = CalibrationSpec(samples=20, seed=seed, group_by="qid")
+        rows = draw_calibration_sample(table, np.arange(200), spec, recipe_file=RECIPE)
+        assert len(rows) == 20
+        assert (table.qid.iloc[rows].value_counts() == 10).all()  # value_counts leaves the missing ids out
+
+
+def test_group_by_skips_a_group_larger_than_the_draw_where_smaller_ones_fit() -> None:
+    """One query of 100 rows beside 20 of 5, samples: 20: the big query was taken whenever the seeded order put it
+    first (seeds 4 and 29 of 0-29 drew 100 rows). It overfills the draw as any group would, and is skipped: every
+    seed draws 4 whole queries of 5."""
+    table = pd.DataFrame({"qid": np.concatenate([np.zeros(100), np.repeat(np.arange(1, 21), 5)])})
+    for seed in range(30):
+        spec = CalibrationSpec(samples=20, seed=seed, group_by="qid")
+        rows = draw_calibration_sample(table, np.arange(200), spec, recipe_file=RECIPE)
+        assert len(rows) == 20 and (table.qid.iloc[rows].value_counts() == 5).all()
+    only_big = pd.DataFrame({"qid": np.repeat([0, 1], [100, 60])})  # no query fits 20 rows: one whole, seeded
+    spec = CalibrationSpec(samples=20, seed=0, group_by="qid")
+    rows = draw_calibration_sample(only_big, np.arange(160), spec, recipe_file=RECIPE)
+    assert len(rows) in (100, 60) and only_big.qid.iloc[rows].nunique() == 1

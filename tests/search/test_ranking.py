@@ -48,7 +48,26 @@ def test_a_dynamic_base_that_quantizes_an_lstm_can_keep_the_lstm_float(tmp_path)
     search.ctx, search.built, search.root = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}, tmp_path
     search.backend, search.screen = get_backend("onnxruntime-cpu"), SimpleNamespace(feeds=feeds)
     search.prepared = SimpleNamespace(recipe=SimpleNamespace(latency=SimpleNamespace(threads=1)), batch=None)
-    ranked, quantized = search.base_ranking(0, ["head"])  # what the static build ranks: its one Gemm
+    search.within_budget = lambda what: False  # the budget spent: no measuring past it, the static ranking's part
+    assert search.base_ranking(0, ["head"], {"head"}) == (["head"], 2)
+    search.within_budget = lambda what: True
+    ranked, quantized = search.base_ranking(0, ["head"], {"head"})  # what the static build ranks: its one Gemm
     assert quantized == 2 and sorted(ranked) == ["head", "lstm"]
     keeping = build_variant(Candidate("ort-dynamic", keep_float=("lstm",)).spec("kept"), ctx)
     assert "DynamicQuantizeLSTM" not in {n.op_type for n in onnx.load(str(keeping.onnx_path)).graph.node}
+
+
+def test_a_base_is_not_measured_again_for_a_node_the_ranked_build_quantized_but_could_not_measure(tmp_path):
+    """The static build's own base, whose Gemm the ranking left out (its noise not measurable: NaN), quantizes nothing
+    the ranked build did not: ranking it again would run both models over the screening rows for the same answer.
+    Before, any base with a node missing from the ranking was measured again, that build's own included."""
+    lstm_model(tmp_path / "model.onnx")
+    batches = [{"x": np.random.default_rng(1).normal(size=(8, WIDTH)).astype(np.float32)}]
+    static = build_variant(Candidate("ort-static").spec("static"), BuildContext(tmp_path / "model.onnx",
+                                                                                tmp_path / "build", batches))
+    search = object.__new__(search_run._Search)
+    search.ctx, search.built = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: static}
+    measured, search.within_budget = [], lambda what: True
+    search._ranked = lambda built, work: measured.append(built.name) or ["head"]
+    assert search.base_ranking(0, [], {"head"}) == ([], 1) and measured == []
+    assert search.base_ranking(0, [], set()) == (["head"], 1) and measured == ["static"]  # nothing ranked: its own

@@ -237,7 +237,8 @@ def test_keep_float_candidates_keep_only_nodes_their_base_quantized(tmp_path):
     base = build_variant(Candidate("ort-dynamic", keep_float=("head",)).spec("base"), ctx)
     search = object.__new__(search_run._Search)
     search.ctx, search.built = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}
-    assert search.base_ranking(0, ["head", "branch_a", "mm1", "branch_b"]) == (["branch_a", "mm1", "branch_b"], 3)
+    ranking = ["head", "branch_a", "mm1", "branch_b"]
+    assert search.base_ranking(0, ranking, set(ranking)) == (["branch_a", "mm1", "branch_b"], 3)
 
 
 @pytest.mark.parametrize(("fp32_timings", "evaluated"), [([{1: 10.0}, {1: 10.2}], False), ([{1: 10.0}, {1: 12.0}], True)])
