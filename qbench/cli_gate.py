@@ -254,9 +254,9 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
 
     The step summary is a courtesy display in a file the job's other steps share, which the gate was not asked
     for: one that cannot take the section is a warning, and the exit code stands (a breach stays 1, a pass 0)."""
-    from qbench import gate_report
+    from qbench import gate_junit, gate_report
 
-    files = [(path, render) for path, render in ((output.junit, gate_report.junit_xml),
+    files = [(path, render) for path, render in ((output.junit, gate_junit.junit_xml),
                                                   (output.json_path, gate_report.report_json)) if path is not None]  # fmt: skip
     streams = [file for file in files if _is_stream(file[0])]  # written once, last: a reader gets one document
     unwritten = list(_write_files(report, [file for file in files if file not in streams]).items())

@@ -13,13 +13,13 @@ import pytest
 
 from qbench.errors import QbenchError
 from qbench.gate import GateCheck, GateReport
+from qbench.gate_junit import junit_xml
 from qbench.gate_report import (
     STEP_SUMMARY_LIMIT,
     append_step_summary,
     check_line,
     console_lines,
     failure_reasons,
-    junit_xml,
     markdown_summary,
     report_dict,
     report_json,

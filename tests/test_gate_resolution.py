@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge
-from qbench.gate_report import junit_xml, report_dict
+from qbench.gate_junit import junit_xml
+from qbench.gate_report import report_dict
 from qbench.gate_resolution import CONFIDENCE, rows_to_resolve, upper_share
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult, from_dict, to_json
