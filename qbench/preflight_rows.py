@@ -134,7 +134,7 @@ def _check_rows(
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: the model ran on {size} rows but "
                               f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
-            seen = _moved(name, values, got.get(name), picks, agreement)
+            seen = rows_moved(name, values, got.get(name), picks, agreement)
             if seen is not None and (axis := _rows_on_later_axis(values, got.get(name), picks)) is not None:
                 raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}, and "
                                   f"came back as those rows' outputs reordered on its axis {axis} too: {ACROSS_ROWS}")
@@ -157,7 +157,7 @@ def _check_repeatable(
     tolerance is the one left for other batch sizes' kernels; class ids must repeat exactly."""
     again = _run(session, rows, outputs)
     for name, values in reference.items():
-        seen = _moved(name, values, again.get(name), np.arange(len(values)), agreement)
+        seen = rows_moved(name, values, again.get(name), np.arange(len(values)), agreement)
         if seen is not None:
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when the same rows were "
                               f"fed again; expected a deterministic model{_batch_statistics(path)}")  # fmt: skip
@@ -227,10 +227,11 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
     return arrays
 
 
-def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
-           agreement: Agreement) -> str | None:  # fmt: skip
+def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
+               agreement: Agreement, numbers: np.ndarray | None = None) -> str | None:  # fmt: skip
     """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is (the largest
-    difference within tolerance goes to `agreement`)."""
+    difference within tolerance goes to `agreement`). `numbers`: the row numbers to name (default: `picks`)."""
+    numbers = picks if numbers is None else numbers
     expected = reference[picks]
     if got is None or got.shape != expected.shape:
         shape = "no array" if got is None else f"shape {list(got.shape)}"
@@ -240,7 +241,7 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
         if unequal.size == 0:
             return None
         row = int(unequal[0])
-        return f"row {int(picks[row])}'s output {name!r} changed from {_short(expected[row])} to {_short(got[row])}"
+        return f"row {int(numbers[row])}'s output {name!r} changed from {_short(expected[row])} to {_short(got[row])}"
     expected, got = expected.astype(np.float64), got.astype(np.float64)
     finite = np.isfinite(reference)
     scale = float(np.max(np.abs(reference[finite]))) if finite.any() else 0.0
@@ -254,7 +255,7 @@ def _moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.n
     if per_row[row] <= tolerance:
         agreement.add(float(per_row[row]), 0)
         return None
-    return (f"row {int(picks[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
+    return (f"row {int(numbers[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
             f"tolerance {tolerance:.2g})")  # fmt: skip
 
 

@@ -48,6 +48,14 @@ from qbench.validate.accuracy import (
     with_drops,
 )
 from qbench.validate.background import settle_before_timing
+from qbench.validate.batch_mix import (
+    Arrangement,
+    batch_dependence,
+    judged_note,
+    run_arrangements,
+    served_arrangements,
+    worst_scopes,
+)
 from qbench.validate.bound import lookup_table_bytes
 from qbench.validate.catalogue import ONE_CLASS_OUTPUTS
 from qbench.validate.clock import PhaseClock
@@ -190,7 +198,11 @@ def measure(
     label = f"{built.name}@{backend.name}"
     threads = timing.threads if timing is not None else prepared.recipe.latency.threads
     fixed = prepared.batch
-    batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()), rows.batch_size, 1)
+    # a variant's rows whose outputs follow their batch are judged also as served (qbench.validate.batch_mix);
+    # FP32 has its own check (qbench.preflight_rows), a fixed batch is served as evaluated
+    mix = served_arrangements(prepared.recipe) if score and reference is not None and fixed is None else []
+    batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()),
+                                                      *(a.batch_size for a in mix), rows.batch_size, 1)  # fmt: skip
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
     t = time.perf_counter()
     settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
@@ -199,16 +211,17 @@ def measure(
     t, carved = time.perf_counter(), clock.carved if clock is not None else 0.0
     try:
         plan = plan_measurement(backend, built)
-        outputs = None
+        outputs, mixed = None, None
         if score and plan.separate:
-            outputs = _run_rows(backend.load(plan.scored, options), prepared, rows, f"{label} evaluate (emulated)")
+            outputs, mixed = _run_rows(backend.load(plan.scored, options), prepared, rows,
+                                       f"{label} evaluate (emulated)", mix, quiet=quiet)  # fmt: skip
         padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
                                 {name: meta.shape for name, meta in prepared.model.inputs.items()})
         runner, create_ms, first_ms = measure_cold_start(timed_load(backend, plan.timed, options), rows.feeds,
                                                          fixed or 1, padding)  # fmt: skip
         try:
             if score and outputs is None:
-                outputs = _run_rows(runner, prepared, rows, f"{label} evaluate", close=False)
+                outputs, mixed = _run_rows(runner, prepared, rows, f"{label} evaluate", mix, close=False, quiet=quiet)
             samples, batcher = {}, None
             if timing is not None:
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
@@ -238,7 +251,7 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
-    accuracy, nsr, scale_read, one_class, chance, beyond = None, math.nan, [], {}, [], []
+    accuracy, nsr, scale_read, one_class, chance, beyond, mixed_note = None, math.nan, [], {}, [], [], None
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
@@ -271,7 +284,10 @@ def measure(
             chance = check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels, unpaired)
             for why in chance:
                 logger.warning("%s: %s", label, why)
-        accuracy = with_drops(accuracy, reference.accuracy if reference is not None and reference.accuracy else accuracy)
+        against = reference.accuracy if reference is not None and reference.accuracy else None
+        accuracy = with_drops(accuracy, against or accuracy)
+        if mixed is not None:
+            accuracy, mixed_note = _judged_as_served(prepared, rows, accuracy, mixed, options, base, against)
         beyond = [] if reference is None else beyond_range_notes(recipe.task, outputs, base, built.precision,
                                                                  options["lowest_wins"])  # fmt: skip
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))
@@ -287,7 +303,7 @@ def measure(
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
                 **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
-        notes=(*built.notes, *_batch_dependence(built, rows, timing), *ran["notes"], *scale_read, *chance, *beyond,
+        notes=(*built.notes, *([mixed_note] if mixed_note else []), *ran["notes"], *scale_read, *chance, *beyond,
                *_raised_notes(accuracy),
                *([crowded] if crowded else [])), accuracy=accuracy,
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
@@ -356,22 +372,49 @@ def _failed(built: BuiltVariant, backend: Backend, error: str, *, quiet: bool) -
     return Measured(failed_result(built, backend, error), None)
 
 
-def _batch_dependence(built: BuiltVariant, rows: Rows, timing: LatencySpec | None) -> tuple[str, ...]:
-    """Dynamic INT8 computes each activation scale over the whole batch at run time, so its outputs depend on what is
-    batched together: say at which batch size its accuracy was measured when it is timed at others."""
-    others = sorted(b for b in (timing.batch_sizes if timing is not None else ()) if b != rows.batch_size)
-    if not built.dynamic or not others:
-        return ()
-    return (f"dynamic INT8: activation scales are computed per batch, so accuracy depends on what is batched together; "
-            f"measured in batches of {rows.batch_size}, served at {', '.join(map(str, others))} it may differ",)  # fmt: skip
+def _judged_as_served(
+    prepared: Prepared, rows: Rows, accuracy: AccuracyResult, mixed: tuple[str, dict[Arrangement, Feeds]],
+    options: Mapping[str, Any], base: Feeds, against: AccuracyResult | None,
+) -> tuple[AccuracyResult, str]:  # fmt: skip
+    """`accuracy` (the evaluation's arrangement) with each scope's figures from the arrangement where its gate metric
+    drops most among it and the served ones (`mixed`: why the rows follow their batch, each arrangement's outputs),
+    and the note saying so. Drops are taken against `against` (FP32's accuracy; None: each against itself)."""
+    why, arranged = mixed
+    recipe = prepared.recipe
+    judged = {Arrangement(rows.batch_size, mixed=False): accuracy}
+    for arrangement, outputs in arranged.items():
+        figures = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
+                                    feeds=rows.feeds, **options)  # fmt: skip
+        judged[arrangement] = with_drops(figures, against or figures)
+    worst, chosen = worst_scopes(judged, recipe.gate.metric)
+    return worst, judged_note(why, judged, chosen, recipe.gate.metric)
 
 
-def _run_rows(runner: Runner, prepared: Prepared, rows: Rows, description: str, *, close: bool = True) -> Feeds:
-    """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it); a model
-    with a fixed batch runs whole batches of it."""
+def _run_rows(
+    runner: Runner, prepared: Prepared, rows: Rows, description: str, mix: list[Arrangement], *, close: bool = True,
+    quiet: bool = False,
+) -> tuple[Feeds, tuple[str, dict[Arrangement, Feeds]] | None]:
+    """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it; a model
+    with a fixed batch runs whole batches of it), and, where `mix` names arrangements and the rows' outputs depend on
+    their batch (batch_mix.batch_dependence), why, and the outputs in each of those arrangements (logged unless
+    `quiet`: a search's candidate, whose result's note says so)."""
+
+    def run(feeds: Mapping[str, np.ndarray], batch_size: int, what: str = description) -> Feeds:
+        return run_outputs(runner, feeds, batch_size, prepared.output_indices, description=what,
+                           whole=prepared.batch is not None, tables=prepared.label_tables)  # fmt: skip
+
     try:
-        return run_outputs(runner, rows.feeds, prepared.batch or rows.batch_size, prepared.output_indices,
-                           description=description, whole=prepared.batch is not None, tables=prepared.label_tables)  # fmt: skip
+        outputs = run(rows.feeds, prepared.batch or rows.batch_size)
+        if not mix:
+            return outputs, None
+        why = batch_dependence(lambda feeds, size: run(feeds, size, f"{description} (batch dependence)"), rows.feeds,
+                               min(rows.batch_size, rows.count))  # fmt: skip
+        if why is None:
+            return outputs, None
+        logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s", description, why,
+                    ", ".join(a.describe() for a in mix))  # fmt: skip
+        return outputs, (why, run_arrangements(lambda feeds, size: run(feeds, size, f"{description} ({size} a batch)"),
+                                               rows.feeds, mix))  # fmt: skip
     finally:
         if close:
             runner.close()

@@ -141,20 +141,21 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
         assert seen[0] == "fp32" and any(name.startswith("int8-search-") for name in seen)
 
 
-def test_a_dynamic_int8_variant_timed_at_other_batch_sizes_says_where_its_accuracy_was_measured(prepared, tmp_path):
+def test_a_variant_whose_rows_follow_their_batch_is_judged_also_at_the_batch_sizes_it_serves(prepared, tmp_path):
+    """Measured, not named: dynamic INT8's rows follow their batch (each batch's own activation range), static INT8's
+    do not. The search measures its candidates the same way (a `timing` of None: the recipe's batch sizes)."""
     from qbench.recipe import VariantSpec
 
     backend = get_backend("onnxruntime-cpu")
     ctx = BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches)
     dynamic = build_variant(VariantSpec(name="dyn", precision="int8", calibrator="dynamic"), ctx)
     static = build_variant(load_recipe(prepared.recipe.source).variants[0], ctx)
-    timing = LatencySpec(batch_sizes=[1, 50], warmup=1, iterations=2, stability=None)
-    notes = measure(backend, dynamic, prepared, timing=timing).result.notes
-    assert ("dynamic INT8: activation scales are computed per batch, so accuracy depends on what is batched together; "
-            "measured in batches of 50, served at 1 it may differ") in notes  # fmt: skip
-    assert not any("per batch" in note for note in measure(backend, static, prepared, timing=timing).result.notes)
-    only_the_evaluation_batch = LatencySpec(batch_sizes=[50], warmup=1, iterations=2, stability=None)
-    assert not any("per batch" in note for note in measure(backend, dynamic, prepared, timing=only_the_evaluation_batch).result.notes)
+    reference = measure(backend, _fp32(prepared), prepared).reference
+    notes = measure(backend, dynamic, prepared, reference=reference).result.notes
+    judged = [note for note in notes if note.startswith("rows depend on their batch")]
+    assert len(judged) == 1 and "accuracy judged in 3 batch arrangements" in judged[0]  # fmt: skip
+    assert "batches of 50, in the evaluation rows' order" in judged[0] and "batches of 8, rows in a seeded mix" in judged[0]
+    assert not any("depend on their batch" in note for note in measure(backend, static, prepared, reference=reference).result.notes)
 
 
 def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_path, caplog):

@@ -1,0 +1,138 @@
+"""A variant whose rows' outputs depend on the rows batched beside them is judged also as it serves.
+
+A per-batch statistic (dynamic INT8's DynamicQuantizeLinear takes each batch's own range, a SmoothQuant or `linear`
+dynamic candidate alike, a BatchNormalization exported in training mode) makes each row's output follow its whole
+batch. The evaluation runs rows in `data.evaluation.batch_size` batches in the data's row order, which may hold one
+slice per batch (a file sorted by slice), while the variant serves at the recipe's batch sizes, one row alone or
+batches of mixed rows: a slice with 100x larger activations then coarsens every other row's quantization.
+
+Whether a variant's rows depend on their batch is measured, whatever built it (`batch_dependence`): rows drawn with
+a fixed seed from across the evaluation rows are run as one batch and each alone, and must agree within the
+tolerance of the FP32 row-independence check (qbench.preflight_rows). Such a variant is run again on every row at
+each batch size it serves (`served_arrangements`: `latency.batch_sizes`), its
+rows in a seeded mix, and each scope (overall, each slice) is judged at its worst arrangement (`worst_scopes`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from qbench.preflight_rows import rows_moved
+from qbench.recipe import Recipe
+from qbench.results import AccuracyResult, SliceMetrics
+from qbench.verdicts import Agreement
+
+Feeds = dict[str, np.ndarray]
+DETECT_ROWS = 16  # rows run together and alone to see whether outputs follow the batch
+SEED = 0  # the draw of those rows and of each mixed arrangement's order
+
+
+@dataclass(frozen=True)
+class Arrangement:
+    """How rows were batched: `batch_size` rows a batch, in the evaluation rows' order or a seeded mix."""
+
+    batch_size: int
+    mixed: bool
+
+    def describe(self) -> str:
+        if self.batch_size == 1:
+            return "each row alone"
+        order = f"rows in a seeded mix (seed {SEED})" if self.mixed else "in the evaluation rows' order"
+        return f"batches of {self.batch_size}, {order}"
+
+    def order(self, count: int) -> np.ndarray:
+        """The order rows are fed in (row indices)."""
+        return np.random.default_rng(SEED).permutation(count) if self.mixed else np.arange(count)
+
+
+def served_arrangements(recipe: Recipe) -> list[Arrangement]:
+    """The arrangements a batch-dependent variant is judged in beyond the evaluation's: a seeded mix at each batch
+    size it is timed and served at (`latency.batch_sizes`; an SLO's batcher forms batches up to one of them),
+    smallest first."""
+    return [Arrangement(size, mixed=True) for size in sorted(set(recipe.latency.batch_sizes))]
+
+
+def batch_dependence(run: Callable[[Feeds, int], Feeds], feeds: Mapping[str, np.ndarray], largest: int) -> str | None:
+    """What shows that the rows' outputs of `run(feeds, batch_size)` depend on their batch, or None: up to
+    DETECT_ROWS rows (and `largest`: a batch size the runner was prepared for) drawn with SEED from across `feeds` run
+    as one batch, then each alone; a float output must agree within the FP32 row-independence check's tolerance, any
+    other exactly."""
+    count = len(next(iter(feeds.values())))
+    size = min(DETECT_ROWS, largest, count)
+    if size < 2:
+        return None
+    picks = np.sort(np.random.default_rng(SEED).choice(count, size, replace=False))
+    rows = {name: np.asarray(values)[picks] for name, values in feeds.items()}
+    together, alone = run(rows, len(picks)), run(rows, 1)
+    for name, values in together.items():
+        seen = rows_moved(name, values, alone.get(name), np.arange(len(picks)), Agreement(), numbers=picks)
+        if seen is not None:
+            return f"evaluation {seen} when fed alone instead of in a batch of {len(picks)} rows drawn from across them"
+    return None
+
+
+def run_arrangements(run: Callable[[Feeds, int], Feeds], feeds: Mapping[str, np.ndarray],
+                     arrangements: list[Arrangement]) -> dict[Arrangement, Feeds]:  # fmt: skip
+    """Each arrangement's outputs of `run(feeds, batch_size)`, fed in its order and given back in the rows' own."""
+    count = len(next(iter(feeds.values())))
+    ran = {}
+    for arrangement in arrangements:
+        order = arrangement.order(count)
+        got = run({name: np.asarray(values)[order] for name, values in feeds.items()}, arrangement.batch_size)
+        back = np.argsort(order)
+        ran[arrangement] = {name: values[back] for name, values in got.items()}
+    return ran
+
+
+def worst_scopes(
+    judged: Mapping[Arrangement, AccuracyResult], metric: str
+) -> tuple[AccuracyResult, dict[str, Arrangement]]:
+    """One AccuracyResult holding, for each scope (overall, each slice), its figures from the arrangement where the
+    drop of `metric` is largest (NaN first: it cannot pass; ties keep the earlier arrangement), and the arrangement
+    each scope's figures come from. Every arrangement's results hold the same scopes (the same rows)."""
+    arrangements = list(judged)
+    first = judged[arrangements[0]]
+
+    def pick(scope: Callable[[AccuracyResult], SliceMetrics | None]) -> tuple[SliceMetrics, Arrangement]:
+        best, where = scope(first) or first.overall, arrangements[0]  # the first holds every scope
+        for arrangement in arrangements[1:]:
+            figures = scope(judged[arrangement])
+            if figures is not None and _drop(figures, metric) > _drop(best, metric):
+                best, where = figures, arrangement
+        return best, where
+
+    overall, where = pick(lambda result: result.overall)
+    chosen = {overall.name: where}
+    slices = []
+    for name in (s.name for s in first.slices):
+        figures, where = pick(lambda result, name=name: result.slice(name))
+        chosen[name] = where
+        slices.append(figures)
+    nonfinite = max(result.nonfinite_outputs for result in judged.values())
+    return replace(first, overall=overall, slices=tuple(slices), nonfinite_outputs=nonfinite), chosen
+
+
+def judged_note(why: str, judged: Mapping[Arrangement, AccuracyResult], chosen: Mapping[str, Arrangement],
+                metric: str) -> str:  # fmt: skip
+    """The result's note: why the rows depend on their batch, each arrangement's overall `metric`, and where each
+    scope was judged."""
+    figures = "; ".join(f"{a.describe()}: {metric} {_figure(r.overall, metric)} overall" for a, r in judged.items())
+    worst = ", ".join(f"{scope} at {a.describe()}" for scope, a in chosen.items())
+    return (f"rows depend on their batch ({why}): accuracy judged in {len(judged)} batch arrangements, each scope at "
+            f"its worst ({figures}); judged: {worst}")
+
+
+def _drop(scope: SliceMetrics, metric: str) -> float:
+    """The drop of `metric` for ordering (NaN: larger than any, it cannot pass; none: smaller than any)."""
+    drop = scope.drops.get(metric, -math.inf)
+    return math.inf if math.isnan(drop) else drop
+
+
+def _figure(scope: SliceMetrics, metric: str) -> str:
+    value = scope.metrics.get(metric, math.nan)
+    drop = scope.drops.get(metric, math.nan)
+    return f"{value:.4f} (drop {drop:+.4f})"
