@@ -228,9 +228,12 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
 
 
 def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
-               agreement: Agreement, numbers: np.ndarray | None = None) -> str | None:  # fmt: skip
+               agreement: Agreement, numbers: np.ndarray | None = None, *, per_row: bool = False) -> str | None:  # fmt: skip
     """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is (the largest
-    difference within tolerance goes to `agreement`). `numbers`: the row numbers to name (default: `picks`)."""
+    difference within tolerance goes to `agreement`). `numbers`: the row numbers to name (default: `picks`). The
+    tolerance is relative to the largest magnitude of `reference`, or with `per_row` of each row's own outputs: a
+    quiet row whose values moved by a loud row's share of a batch scale moves by far more than its own magnitude
+    allows, and by less than the loud row's."""
     numbers = picks if numbers is None else numbers
     expected = reference[picks]
     if got is None or got.shape != expected.shape:
@@ -244,19 +247,22 @@ def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: 
         return f"row {int(numbers[row])}'s output {name!r} changed from {_short(expected[row])} to {_short(got[row])}"
     expected, got = expected.astype(np.float64), got.astype(np.float64)
     finite = np.isfinite(reference)
-    scale = float(np.max(np.abs(reference[finite]))) if finite.any() else 0.0
-    tolerance = RELATIVE_TOLERANCE * scale + ABSOLUTE_TOLERANCE
+    magnitudes = np.where(np.isfinite(expected), np.abs(expected), 0.0).reshape(len(picks), -1)
+    scales = magnitudes.max(axis=1, initial=0.0) if per_row else \
+        np.full(len(picks), float(np.max(np.abs(reference[finite]))) if finite.any() else 0.0)  # fmt: skip
+    tolerances = RELATIVE_TOLERANCE * scales + ABSOLUTE_TOLERANCE
     both_finite = np.isfinite(got) & np.isfinite(expected)
     same_special = (got == expected) | (np.isnan(got) & np.isnan(expected))  # inf where inf was, NaN where NaN was
     with np.errstate(invalid="ignore"):
         difference = np.where(both_finite, np.abs(got - expected), np.where(same_special, 0.0, np.inf))
-    per_row = difference.reshape(len(picks), -1).max(axis=1, initial=0.0)
-    row = int(np.argmax(per_row))
-    if per_row[row] <= tolerance:
-        agreement.add(float(per_row[row]), 0)
+    moved = difference.reshape(len(picks), -1).max(axis=1, initial=0.0)
+    row = int(np.argmax(moved / tolerances))
+    if moved[row] <= tolerances[row]:
+        agreement.add(float(moved.max(initial=0.0)), 0)
         return None
-    return (f"row {int(numbers[row])}'s output {name!r} changed by {per_row[row]:.3g} (its values reach {scale:.3g}, "
-            f"tolerance {tolerance:.2g})")  # fmt: skip
+    whose = "the row's" if per_row else "its"
+    return (f"row {int(numbers[row])}'s output {name!r} changed by {moved[row]:.3g} ({whose} values reach "
+            f"{scales[row]:.3g}, tolerance {tolerances[row]:.2g})")  # fmt: skip
 
 
 def _rows_on_later_axis(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> int | None:

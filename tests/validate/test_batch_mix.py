@@ -78,7 +78,7 @@ def test_batch_dependence_is_measured_whatever_built_the_variant():
     feeds = {"x": np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)}
     assert batch_dependence(lambda fed, size: {"y": fed["x"] * 3.0}, feeds, 64) is None
     seen = batch_dependence(_per_batch_scale, feeds, 64)
-    assert seen is not None and "when fed alone instead of in a batch of 16 rows drawn from across them" in seen
+    assert seen is not None and "when fed alone instead of in a batch of 16 rows: the loudest and a seeded draw" in seen
     assert batch_dependence(_per_batch_scale, feeds, 1) is None  # the runner takes one row a batch: nothing to mix
 
 
@@ -148,3 +148,28 @@ def test_a_variant_whose_rows_do_not_follow_their_batch_is_judged_as_evaluated(t
     results = json.loads(next((tmp_path / "reports").rglob("results.json")).read_text())
     variant = next(v for v in results["variants"] if v["variant"] == precision)
     assert not any(n.startswith("rows depend on their batch") for n in variant["notes"])
+
+
+def _per_batch_12_bit(fed: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """Each batch rounded to 12 bits of its own largest magnitude, as a per-batch quantization scale does."""
+    x = fed["x"].astype(np.float64)
+    out = []
+    for start in range(0, len(x), size):
+        batch = x[start:start + size]
+        step = np.abs(batch).max() / 2047
+        out.append(np.round(batch / step) * step)
+    return {"y": np.concatenate(out)}
+
+
+def test_a_rare_loud_slice_that_coarsens_a_batch_is_seen_where_quiet_batches_show_nothing():
+    """10 loud rows among 500: batches of quiet rows alone round within a thousandth of each row, a batch holding a
+    loud row moves every quiet row by a loud row's step. A seeded draw of 16 rows held none of them, and a tolerance
+    taken of the loudest row's magnitude hid the quiet rows' move where it did."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(500, 8))
+    x[rng.choice(500, 10, replace=False)] *= 100
+    feeds = {"x": x.astype(np.float32)}
+    quiet = {"x": feeds["x"][np.abs(feeds["x"]).max(axis=1) < 20]}
+    assert batch_dependence(_per_batch_12_bit, quiet, 64) is None  # quiet rows alone: within tolerance
+    seen = batch_dependence(_per_batch_12_bit, feeds, 64)
+    assert seen is not None and "(the row's values reach" in seen

@@ -68,8 +68,8 @@ def test_torchao_int8_says_which_matrix_products_stayed_float_and_carries_no_onn
     assert on_torch.params["runtime.lowered_ops"] == 1
     for key in ("quantized_nodes", "integer_kernels_of", "calibrator", "quant_format"):  # ONNX Runtime's graph
         assert key not in on_torch.params and key in on_ort.params
-    # ORT's dynamic INT8 scales a whole batch at once; torchao's per-token scales do not depend on the batch
-    assert any("per batch" in note for note in on_ort.notes) and not any("per batch" in n for n in on_torch.notes)
+    # torchao's per-token scales do not depend on the batch: the measured batch dependence finds nothing there
+    assert not any(n.startswith("rows depend on their batch") for n in on_torch.notes)
     assert any(note.startswith("torch form: torchao") for note in on_torch.notes)
     assert not any(note.startswith("torch form") for note in on_ort.notes)
 
