@@ -38,6 +38,7 @@ from qbench.sources.torch_factory import call_factory, changed_after_import, des
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
+from qbench.sources.torch_wrappers import eval_mode, is_script_module, unwrapped
 from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class TorchModel:
 
     def build(self) -> torch.nn.Module:
         """A fresh FP32 copy of the model with its weights, in eval mode."""
-        return copy.deepcopy(self._template).eval()
+        return eval_mode(copy.deepcopy(self._template))
 
     def example_inputs(self, batch: int = EXAMPLE_BATCH, length: int | None = None, *,
                        ids_as_masks: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
@@ -132,6 +133,9 @@ def _inputs_by_position(module: torch.nn.Module) -> Iterator[None]:
     more positional argument, keyword-only ones included: `forward(x, *, mask=None)` was called `forward(x, None)`
     and the export failed (TypeError: takes 2 positional arguments but 3 were given). An instance attribute, so the
     module's own names (and so the ONNX graph's node and initializer names) stay as they are."""
+    if is_script_module(module):  # compiled: takes its inputs by position already, and its forward cannot be replaced
+        yield
+        return
     own = module.__dict__.get("forward")
     forward = module.forward
 
@@ -257,12 +261,12 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
     if not isinstance(module, torch.nn.Module):
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
-    module = module.float()
+    module = unwrapped(module).float()
     if weights is not None:
         load_weights(recipe, module, weights)
         module = module.float()  # a meta module takes the file's tensors as they are stored (float16 ones too)
     refuse_meta_tensors(recipe, module, weights)
-    return module.eval()
+    return eval_mode(module)
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:

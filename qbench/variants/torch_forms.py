@@ -71,7 +71,7 @@ class TorchFormFactory:
     def __call__(self) -> nn.Module:
         import torch
 
-        module = self.form.transform(self.torch_model.build().eval())
+        module = self.form.transform(self.torch_model.build())  # build(): in eval mode
         return torch.compile(module) if self.compile else module
 
 
