@@ -38,7 +38,7 @@ from qbench.sources.torch_factory import call_factory, changed_after_import, des
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
-from qbench.sources.torch_wrappers import eval_mode, is_script_module, unwrapped
+from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, is_script_module, unwrapped
 from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -201,6 +201,8 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         "factory_arguments": spec.factory_arguments,
         "lengths": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in lengths.items()},
     }  # fmt: skip
+    if generated := generated_code_sha256(module):  # only where there is some: other modules' keys stay as they were
+        key["generated_code"] = generated
     return TorchModel(
         factory=spec.torch,
         input_shapes=shapes,

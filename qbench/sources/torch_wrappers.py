@@ -5,7 +5,9 @@ computes but that the TorchScript exporter cannot trace (`torch.compile`'s Optim
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,3 +48,29 @@ def is_script_module(module: Any) -> bool:
     import torch
 
     return isinstance(module, torch.jit.ScriptModule)
+
+
+_MANGLED = re.compile(r"\.___torch_mangle_\d+")  # TorchScript's per-process class renaming: not the model's code
+
+
+def generated_code_sha256(module: torch.nn.Module) -> str:
+    """sha256 of the code a module carries as data rather than in a source file: a TorchScript module's graph (every
+    method and script function it calls, inlined) and a torch.fx GraphModule's generated forward (`torch.export`'s
+    module). Weights alike, such code is part of the artefact: a `.pt` scripted anew from an edited forward() with the
+    same weights was exported under the old key, and the old export was reused. "" where there is none."""
+    import torch
+
+    digest, found, scripted = hashlib.sha256(), False, []
+    for name, submodule in module.named_modules():
+        if any(name.startswith(f"{outer}.") or not outer for outer in scripted):
+            continue  # inlined in its scripted parent's graph
+        if isinstance(submodule, torch.jit.ScriptModule):
+            code = _MANGLED.sub("", str(submodule.inlined_graph))
+            scripted.append(name)
+        elif isinstance(submodule, torch.fx.GraphModule):
+            code = submodule.code
+        else:
+            continue
+        digest.update(f"{name}:{len(code)}:{code};".encode())
+        found = True
+    return digest.hexdigest() if found else ""
