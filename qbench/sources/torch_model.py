@@ -37,6 +37,7 @@ from qbench.recipe import Recipe
 from qbench.sources.torch_factory import call_factory, changed_after_import, describe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
+from qbench.sources.torch_settings import settings_sha256
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
 from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, is_script_module, unwrapped
 from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
@@ -195,7 +196,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     source_sha256 = file_sha256(source)
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
-        "state": _state_sha256(module), "classes": _class_sources_sha256(module),
+        "state": _state_sha256(module), "settings": settings_sha256(module), "classes": _class_sources_sha256(module),
         "project": _project_sources_sha256(recipe, source), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
         "factory_arguments": spec.factory_arguments,
