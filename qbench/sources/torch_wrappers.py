@@ -1,6 +1,6 @@
 """Modules as teams hand them over: a factory may return its model inside a wrapper that computes what the model
-computes but that the TorchScript exporter cannot trace (`torch.compile`'s OptimizedModule, `nn.DataParallel`,
-`DistributedDataParallel`), a TorchScript module (`torch.jit.load`), or `torch.export.load(...).module()`, whose
+computes but that the TorchScript exporter cannot trace (`torch.compile`'s OptimizedModule, `nn.DataParallel`),
+a TorchScript module (`torch.jit.load`), or `torch.export.load(...).module()`, whose
 `eval()` raises. The wrapped model is what qbench builds, weighs and exports; the others are taken as they are."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
     import torch
 
     while True:
-        if isinstance(module, (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)):
+        if isinstance(module, torch.nn.DataParallel):
             inner, wrapper = module.module, type(module).__name__
         elif isinstance(getattr(module, "_orig_mod", None), torch.nn.Module):  # torch.compile's OptimizedModule
             inner, wrapper = module._orig_mod, "torch.compile"

@@ -19,11 +19,14 @@ import yaml
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
+from module_source import ModuleSource  # noqa: E402
+
 from qbench.errors import QbenchError  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.recipe import VariantSpec, load_recipe  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import load_torch_model  # noqa: E402
 from qbench.sources.torch_settings import settings_sha256  # noqa: E402
+from qbench.variants.torch_forms import torch_form_for  # noqa: E402
 
 FEATURES = 6
 LOADERS = '''
@@ -226,3 +229,14 @@ def test_a_torch_export_program_that_cannot_be_swept_is_refused_saying_how_to_ex
         export_reference(load_torch_model(load_recipe(_project(tmp_path, "exported"))))
     assert expected in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_torchscript_module_has_no_torchao_form_and_the_reason_says_why(tmp_path: Path) -> None:
+    """torchao swaps nn.Linear instances; a TorchScript module's layers are compiled ones ("this model has none" read as
+    if the model had no linear layer)."""
+    pytest.importorskip("torchao")
+    spec = VariantSpec(name="int8-dynamic", precision="int8", calibrator="dynamic")
+    reason = torch_form_for(spec, ModuleSource(torch.jit.script(_net(tmp_path))))
+    assert reason == ("torchao quantizes nn.Linear layers, and a TorchScript module holds none: give the model's class "
+                      "and state_dict for a torch INT8 form")
+    assert not isinstance(torch_form_for(spec, ModuleSource(_net(tmp_path))), str)  # the class itself has a form
