@@ -64,7 +64,8 @@ def random_refusal(output: str, nodes: list[onnx.NodeProto], *, torch: bool = Fa
     remedies = []
     if any(node.op_type == "Dropout" for node in nodes):
         remedies.append("forward() keeps dropout on in eval mode (F.dropout(..., training=True)): pass "
-                        "training=self.training" if torch else f"{EVAL_EXPORT}, where Dropout passes its input through")
+                        "training=self.training; a torch.export program keeps the mode it was exported in: export "
+                        "it from model.eval()" if torch else f"{EVAL_EXPORT}, where Dropout passes its input through")
     if any(node.op_type != "Dropout" for node in nodes):
         seeded = " (a seed attribute does not help: the runtime draws anew on every run)" if any(
             attribute.name == "seed" for node in nodes for attribute in node.attribute) else ""  # fmt: skip

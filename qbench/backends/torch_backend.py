@@ -43,6 +43,7 @@ from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo import read_model_info
 from qbench.results import EMULATED, NATIVE, Fidelity
 from qbench.sources.torch_outputs import flatten_outputs
+from qbench.sources.torch_wrappers import eval_mode
 from qbench.variants.base import TORCH, BuiltVariant
 from qbench.variants.torch_forms import (
     FAKE_QUANT,
@@ -291,7 +292,7 @@ class TorchBackend:
         torch = _import_torch()
         threads_to_restore = self._set_threads(torch, options)
         try:
-            module = variant.torch_module().to(self.device).eval()
+            module = eval_mode(variant.torch_module().to(self.device))
             description = {
                 "runtime": "torch",
                 "version": torch.__version__,

@@ -37,7 +37,9 @@ from qbench.recipe import Recipe
 from qbench.sources.torch_factory import call_factory, changed_after_import, describe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
+from qbench.sources.torch_settings import settings_sha256
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
+from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, is_script_module, unwrapped
 from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,7 @@ class TorchModel:
 
     def build(self) -> torch.nn.Module:
         """A fresh FP32 copy of the model with its weights, in eval mode."""
-        return copy.deepcopy(self._template).eval()
+        return eval_mode(copy.deepcopy(self._template))
 
     def example_inputs(self, batch: int = EXAMPLE_BATCH, length: int | None = None, *,
                        ids_as_masks: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
@@ -132,6 +134,9 @@ def _inputs_by_position(module: torch.nn.Module) -> Iterator[None]:
     more positional argument, keyword-only ones included: `forward(x, *, mask=None)` was called `forward(x, None)`
     and the export failed (TypeError: takes 2 positional arguments but 3 were given). An instance attribute, so the
     module's own names (and so the ONNX graph's node and initializer names) stay as they are."""
+    if is_script_module(module):  # compiled: takes its inputs by position already, and its forward cannot be replaced
+        yield
+        return
     own = module.__dict__.get("forward")
     forward = module.forward
 
@@ -191,12 +196,14 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     source_sha256 = file_sha256(source)
     key = {
         "format": _EXPORT_FORMAT, "factory": spec.torch, "factory_source": source_sha256,
-        "state": _state_sha256(module), "classes": _class_sources_sha256(module),
+        "state": _state_sha256(module), "settings": settings_sha256(module), "classes": _class_sources_sha256(module),
         "project": _project_sources_sha256(recipe, source), "example_inputs": shapes, "input_dtypes": dtypes,
         "output_names": output_names, "opset": spec.opset, "torch": torch.__version__,
         "factory_arguments": spec.factory_arguments,
         "lengths": {name: {str(axis): dim for axis, dim in axes.items()} for name, axes in lengths.items()},
     }  # fmt: skip
+    if generated := generated_code_sha256(module):  # only where there is some: other modules' keys stay as they were
+        key["generated_code"] = generated
     return TorchModel(
         factory=spec.torch,
         input_shapes=shapes,
@@ -257,12 +264,12 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
     if not isinstance(module, torch.nn.Module):
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
-    module = module.float()
+    module = unwrapped(module).float()
     if weights is not None:
         load_weights(recipe, module, weights)
         module = module.float()  # a meta module takes the file's tensors as they are stored (float16 ones too)
     refuse_meta_tensors(recipe, module, weights)
-    return module.eval()
+    return eval_mode(module)
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:

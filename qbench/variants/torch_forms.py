@@ -71,7 +71,7 @@ class TorchFormFactory:
     def __call__(self) -> nn.Module:
         import torch
 
-        module = self.form.transform(self.torch_model.build().eval())
+        module = self.form.transform(self.torch_model.build())  # build(): in eval mode
         return torch.compile(module) if self.compile else module
 
 
@@ -197,8 +197,13 @@ def _fp8_form(torch_model: Any) -> TorchForm | str:
 def _no_linear_layers(torch_model: Any) -> str | None:
     import torch
 
-    if any(isinstance(m, torch.nn.Linear) for m in torch_model.build().modules()):
+    module = torch_model.build()
+    if any(isinstance(m, torch.nn.Linear) for m in module.modules()):
         return None
+    if isinstance(module, (torch.jit.ScriptModule, torch.fx.GraphModule)):  # its layers are compiled, not nn.Linear
+        kind = "TorchScript" if isinstance(module, torch.jit.ScriptModule) else "torch.fx/torch.export"
+        return (f"torchao quantizes nn.Linear layers, and a {kind} module holds none: give the model's class and "
+                "state_dict for a torch INT8 form")
     return "torchao quantizes nn.Linear layers and this model has none"
 
 
