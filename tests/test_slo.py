@@ -684,3 +684,18 @@ def test_a_breach_by_a_real_server_that_fell_behind_says_so_not_that_its_p99_was
                                   "10.0000 ms")  # fmt: skip
     assert failure_reasons(gate) == ["slo latency.p99_ms: the real server fell behind at the rate (it completed 81.5 "
                                      "req/s)"]  # fmt: skip
+
+
+def test_the_budgets_rate_met_on_one_instance_costs_one_instance():
+    """The served search's two short runs stopped at 40 req/s, while the real run at the budget's 100 req/s met the
+    10 ms budget on one instance, as the gate judges it: the cost at that rate counted ceil(100 / 40) = 3 instances
+    ($3 per million at $0.36/h, 3x what the traffic that passed costs). A run at the rate over the budget still
+    counts the 3 that the highest rate within it takes."""
+    from qbench.slo import priced
+
+    met = replace(_serving(5.0, 40.0, 0.0), usd_per_million={})
+    assert priced(met, 0.36, ()).usd_per_million["at_rate"] == pytest.approx(1.0)  # 0.36 / 3600 / 100 * 1e6
+    missed = replace(met, served_at_rate=_load(12.0))
+    assert priced(missed, 0.36, ()).usd_per_million["at_rate"] == pytest.approx(3.0)
+    behind = replace(met, served_at_rate=replace(_load(5.0), overloaded=True))
+    assert priced(behind, 0.36, ()).usd_per_million["at_rate"] == pytest.approx(3.0)

@@ -15,13 +15,14 @@ from qbench.slo import serving_figures
 
 
 def test_a_search_cut_short_by_its_cost_does_not_skip_the_real_run_at_the_budgets_rate(tmp_path):
-    """Timings with stalls (0.15 % of runs, 8-50 ms), a 20 ms budget at 100 req/s: the search stops before a round it
-    cannot afford, unsettled. A real server meeting the budget at every rate served the simulated claim (about 610
+    """Timings with stalls (0.15 % of runs, 8-50 ms), a 22 ms budget at 100 req/s: the search stops before a round it
+    cannot afford, unsettled (at 20 ms it now settles: sizes between 1 and 32 are charged their slowest rows' timings
+    too). A real server meeting the budget at every rate served the simulated claim (about 606
     req/s) and so skipped the real run at 100 req/s, leaving the gate the simulation's p99 there alone; a search cut
     short stands in for no real run, so 100 req/s is served for real too."""
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 32]},
-        slo={"p99_ms": 20.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
+        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
     )))  # fmt: skip
     samples = stalled_digits_samples()
     points = [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),

@@ -89,15 +89,22 @@ class _SampledSizes:
         if below == above:
             return self._at(above, quantiles)
         weight = (batch_size - below) / (above - below)
-        return (1 - weight) * self._at(below, quantiles) + weight * self._at(above, quantiles)
+        affine = (1 - weight) * self._at(below, quantiles) + weight * self._at(above, quantiles)
+        # a batch whose time is its slowest row's (padded to its longest text, data-dependent work): the slowest of
+        # batch_size / below batches of `below` rows, the quantile ** (below / batch_size) of `below`'s timings; never
+        # above `above`'s at the quantile (a batch of fewer rows takes no longer)
+        slowest = np.minimum(self._at(below, quantiles ** (below / batch_size)), self._at(above, quantiles))
+        return np.maximum(affine, slowest)
 
 
 class MeasuredServiceTimes:
     """Service times from timed runs of the real runner at a few batch sizes.
 
     A batch of a measured size draws from that size's timings (the `quantile`-th of them); a size
-    between two measured ones interpolates linearly between the same quantile of both (latency is
-    close to affine in batch size); a size below the smallest measured one is charged that size's
+    between two measured ones takes the larger of the linear interpolation between the same quantile of
+    both (latency close to affine in batch size) and the slowest of as many batches of the smaller size
+    as it holds, capped by the larger size's time (a batch as slow as its slowest row: an affine
+    interpolation of a row-dependent tail made a 20 ms budget look met at 2.8x the true rate); a size below the smallest measured one is charged that size's
     time (an upper bound). Sizes above the largest measured one are not served. `idle_samples_ms`:
     the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
     measure_batcher_samples), drawn for batches that start on an idle model; without them every batch

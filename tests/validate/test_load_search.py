@@ -39,19 +39,20 @@ def noisy_digits_timings() -> MeasuredServiceTimes:
 
 
 def test_a_search_over_stalled_timings_stops_within_its_batch_budget_and_claims_low():
-    """The stalls put the requests over a 20 ms budget in rare clusters whose share grows about as the rate does, so
+    """The stalls put the requests over a 22 ms budget in rare clusters whose share grows about as the rate does, so
     the rate 5 % above the edge stays undecided at every round: the search ran 82 simulations to 320,000 requests,
-    2.7 million batches (2.3 million in runs replayed to their end), and claimed 663 req/s unsettled. Within
-    MAX_BATCHES it stops before the round of 320,000 requests, says it did not settle, and claims 610 req/s, a rate
-    the bound shows within budget on the draws that showed it."""
+    2.7 million batches, and claimed 643 req/s unsettled. Within MAX_BATCHES it stops before the round of 320,000
+    requests, says it did not settle, and claims 606 req/s, a rate the bound shows within budget on the draws that
+    showed it. (At 20 ms, the budget this was first measured at, the search settles at 80,000 requests since batch
+    sizes between 1 and 32 are charged the slowest of their rows' timings too: qbench.validate.load._SampledSizes.)"""
     replay = Counted(noisy_digits_timings(), Batcher(32, 1.0), Draws.make(5000, seed=0))
-    found = search_max_rate(replay, 20.0)
+    found = search_max_rate(replay, 22.0)
     assert sum(replay.whole) <= MAX_BATCHES
     assert sum(replay.whole) <= found.batches <= MAX_BATCHES
     assert found.undecided and found.requests == 80_000
-    assert found.max_rate_rps == pytest.approx(610.47, abs=0.01)
+    assert found.max_rate_rps == pytest.approx(606.43, abs=0.01)
     shown = LoadReplay(noisy_digits_timings(), Batcher(32, 1.0), Draws.make(found.at_max.requests, seed=0))
-    assert shown.verdict(found.max_rate_rps, 20.0)[0] is Verdict.PASS
+    assert shown.verdict(found.max_rate_rps, 22.0)[0] is Verdict.PASS
     assert shown.at(found.max_rate_rps) == found.at_max
 
 
