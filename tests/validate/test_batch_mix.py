@@ -41,7 +41,26 @@ def test_worst_scopes_takes_each_scope_from_the_arrangement_where_it_drops_most(
     assert worst.overall.metrics == {"accuracy": 0.85} and chosen["overall"] == mixed
     assert [s.metrics["accuracy"] for s in worst.slices] == [0.7, 0.9]
     assert chosen["a"] == mixed and chosen["b"] == evaluated  # a tie keeps the earlier arrangement
-    assert worst.nonfinite_outputs == 1
+    assert worst.nonfinite_outputs == worst.overall.nonfinite_outputs == 0
+
+
+def test_worst_scopes_takes_nan_rows_fp32_lacks_first_and_counts_the_overall_it_took():
+    """Alone, 2 rows' outputs turn NaN where FP32's are finite (the gate's breach whatever the drop) while fewer rows
+    flip than in the evaluation's batches. The scope was taken by its drop alone (the evaluation's figures, no NaN:
+    the breach unseen) and the result counted the NaN rows of another arrangement than its overall's, a record the
+    gate rejects as invalid (exit 2): 'nonfinite_outputs ... (= overall's)'."""
+    evaluated, alone = Arrangement(64, mixed=False), Arrangement(1, mixed=True)
+    nan_rows = SliceMetrics("overall", 20, {"accuracy": 0.85}, drops={"accuracy": 0.05}, nonfinite_outputs=2,
+                            new_nonfinite_outputs=2)  # fmt: skip
+    judged = {evaluated: AccuracyResult(20, 0, _scope("overall", 0.80, 0.10), (_scope("a", 0.8, 0.1),)),
+              alone: AccuracyResult(20, 2, nan_rows, (_scope("a", 0.9, 0.0),))}  # fmt: skip
+    worst, chosen = worst_scopes(judged, "accuracy")
+    assert chosen["overall"] == alone and worst.overall.new_nonfinite_outputs == 2
+    assert worst.nonfinite_outputs == worst.overall.nonfinite_outputs == 2
+    assert chosen["a"] == evaluated  # a slice with no NaN rows anywhere: its largest drop
+    judged[alone] = AccuracyResult(20, 0, _scope("overall", 0.85, 0.05), (_scope("a", 0.9, 0.0),))
+    worst, chosen = worst_scopes(judged, "accuracy")
+    assert chosen["overall"] == evaluated and worst.nonfinite_outputs == 0
 
 
 def test_worst_scopes_takes_a_nan_drop_it_cannot_pass():
