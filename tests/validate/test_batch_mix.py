@@ -192,3 +192,33 @@ def test_a_rare_loud_slice_that_coarsens_a_batch_is_seen_where_quiet_batches_sho
     assert batch_dependence(_per_batch_12_bit, quiet, 64) is None  # quiet rows alone: within tolerance
     seen = batch_dependence(_per_batch_12_bit, feeds, 64)
     assert seen is not None and "(the row's values reach" in seen
+
+
+def test_a_served_arrangement_that_cannot_be_scored_fails_the_variant_not_the_sweep(tmp_path, monkeypatch):
+    """A recipe's metric that raises on every scope of a served arrangement's outputs (and not on the evaluation's)
+    fails that variant as its evaluation's would: recorded failed, results written, the sweep's exit 2 naming it. It
+    escaped measure() before: the sweep stopped on 'error: custom metric ...' with no results at all."""
+    from qbench.tasks.base import MetricError
+    from qbench.validate import measure
+
+    recipe = _sorted_by_slice_project(tmp_path, [1, 32])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    scored = measure.evaluate_accuracy
+
+    def raising_when_served(*args, **kwargs):
+        if kwargs.get("precision") == "int8":  # the variant's evaluation is scored first, then each arrangement
+            calls.append(len(calls))
+            if len(calls) > 1:
+                raise MetricError("custom metric 'strict' failed: ValueError: served (on overall, 256 rows)", "strict")
+        return scored(*args, **kwargs)
+
+    calls: list[int] = []
+
+    monkeypatch.setattr(measure, "evaluate_accuracy", raising_when_served)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2  # a measurement failed
+    results = json.loads(next((tmp_path / "reports").rglob("results.json")).read_text())
+    assert [v["status"] for v in results["variants"]] == ["ok", "failed"]
+    variant = next(v for v in results["variants"] if v["variant"] == "int8-dynamic")
+    assert variant["status"] == "failed" and "scoring failed: custom metric 'strict' failed" in variant["error"]
+    assert len(calls) == 2  # the evaluation's scoring, then the first served arrangement's, which raised
