@@ -245,6 +245,32 @@ def test_settings_digest_leaves_a_logger_s_process_state_out(tmp_path: Path) -> 
         logging.getLogger().removeHandler(handler)
 
 
+def test_code_digest_of_a_scripted_module_leaves_its_file_s_folder_out(tmp_path: Path) -> None:
+    """A TorchScript graph's text names the source file's path on every node: the same class scripted from another
+    checkout's folder (a CI job's workspace) was keyed anew and exported again. An edit to forward() still counts."""
+    import importlib.util
+
+    from qbench.sources.torch_wrappers import generated_code_sha256
+
+    code = ("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.lin = torch.nn.Linear(3, 2)\n\n    def forward(self, x):\n        return torch.relu(self.lin(x)) * 2\n")
+
+    def scripted(folder: str, text: str) -> torch.jit.ScriptModule:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "checkout_net.py").write_text(text)
+        spec = importlib.util.spec_from_file_location("checkout_net", tmp_path / folder / "checkout_net.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        return torch.jit.script(module.Net())
+
+    first, second = scripted("job-1", code), scripted("job-2", code)
+    assert str(tmp_path / "job-1") in str(first.inlined_graph)  # the path the old key read
+    assert generated_code_sha256(first) == generated_code_sha256(second)
+    edited = scripted("job-3", code.replace("* 2", "* 3"))
+    assert generated_code_sha256(edited) != generated_code_sha256(first)
+
+
 @pytest.mark.parametrize(("dynamic", "mode", "expected"), [
     (False, "eval", "export it with a dynamic batch, torch.export.export(model, args, dynamic_shapes="),
     (True, "train", "a torch.export program keeps the mode it was exported in: export it from model.eval()"),
