@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import io
+import logging
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 _DEPTH = 6  # nesting followed into a setting's own attributes (a config of sub-configs); deeper is left out
+# where a module reports or reads, not what it computes: their state differs between processes (a logger's parent is
+# the root logger, whose handlers and level follow what the process imported and configured; a file's position), so
+# followed, they gave every process its own key and every sweep a new export
+_PROCESS_STATE = (logging.Logger, logging.Handler, io.IOBase)
 
 
 def settings_sha256(module: torch.nn.Module) -> str:
@@ -28,8 +36,9 @@ def settings_sha256(module: torch.nn.Module) -> str:
 
 def _plain(value: Any, depth: int) -> str:
     """`value` written so that equal settings give equal text in any process: numbers, strings and containers of
-    them; tensors by dtype, shape and bytes; an object by its class and public attributes. Callables, submodules (each
-    is keyed on its own) and anything deeper than `depth` are written by their type alone."""
+    them; tensors and array-likes (numpy arrays and scalars, pandas frames) by dtype, shape and bytes; an object by its
+    class and public attributes. Callables, submodules (each is keyed on its own), loggers and files
+    (`_PROCESS_STATE`) and anything deeper than `depth` are written by their type alone."""
     import torch
 
     if value is None or isinstance(value, (bool, int, float, str, bytes, torch.dtype, torch.device, enum.Enum)):
@@ -38,8 +47,14 @@ def _plain(value: Any, depth: int) -> str:
         flat = value.detach().cpu().contiguous().reshape(-1)
         return f"tensor({flat.dtype},{tuple(value.shape)},{hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()})"
     kind = type(value).__qualname__
-    if depth == 0 or isinstance(value, torch.nn.Module) or callable(value):
+    if depth == 0 or isinstance(value, (torch.nn.Module, *_PROCESS_STATE)) or callable(value):
         return kind
+    if hasattr(type(value), "__array__"):  # numpy arrays and scalars, pandas frames: their values (no public attributes)
+        array = np.asarray(value)
+        if array.dtype.kind == "O":  # objects: their bytes are addresses
+            return f"{kind}({array.shape},{_plain(array.tolist(), depth - 1)})"
+        digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+        return f"{kind}({array.dtype},{array.shape},{digest})"
     if isinstance(value, dict):
         items = sorted((repr(key), _plain(item, depth - 1)) for key, item in value.items())
         return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"

@@ -57,7 +57,9 @@ def generated_code_sha256(module: torch.nn.Module) -> str:
     """sha256 of the code a module carries as data rather than in a source file: a TorchScript module's graph (every
     method and script function it calls, inlined) and a torch.fx GraphModule's generated forward (`torch.export`'s
     module). Weights alike, such code is part of the artefact: a `.pt` scripted anew from an edited forward() with the
-    same weights was exported under the old key, and the old export was reused. "" where there is none."""
+    same weights was exported under the old key, and the old export was reused. A graph is written without its
+    source ranges, which name the file's path: the same code scripted in another checkout's folder (a CI job's
+    workspace) was keyed anew and exported again. "" where there is none."""
     import torch
 
     digest, found, scripted = hashlib.sha256(), False, []
@@ -65,7 +67,7 @@ def generated_code_sha256(module: torch.nn.Module) -> str:
         if any(name.startswith(f"{outer}.") or not outer for outer in scripted):
             continue  # inlined in its scripted parent's graph
         if isinstance(submodule, torch.jit.ScriptModule):
-            code = _MANGLED.sub("", str(submodule.inlined_graph))
+            code = _MANGLED.sub("", submodule.inlined_graph.str(False))  # no source ranges: the file's folder
             scripted.append(name)
         elif isinstance(submodule, torch.fx.GraphModule):
             code = submodule.code

@@ -111,9 +111,11 @@ def run_arrangements(run: Callable[[Feeds, int], Feeds], feeds: Mapping[str, np.
 def worst_scopes(
     judged: Mapping[Arrangement, AccuracyResult], metric: str
 ) -> tuple[AccuracyResult, dict[str, Arrangement]]:
-    """One AccuracyResult holding, for each scope (overall, each slice), its figures from the arrangement where the
-    drop of `metric` is largest (NaN first: it cannot pass; ties keep the earlier arrangement), and the arrangement
-    each scope's figures come from. Every arrangement's results hold the same scopes (the same rows)."""
+    """One AccuracyResult holding, for each scope (overall, each slice), its figures from the arrangement where it is
+    worst (`_severity`: NaN/inf outputs FP32 does not give first, a breach whatever the drop; then the drop of
+    `metric`, NaN first: it cannot pass; ties keep the earlier arrangement), and the arrangement each scope's figures
+    come from. Every arrangement's results hold the same scopes (the same rows); the result's NaN/inf row count is
+    its overall's, as a result of one arrangement's."""
     arrangements = list(judged)
     first = judged[arrangements[0]]
 
@@ -121,7 +123,7 @@ def worst_scopes(
         best, where = scope(first) or first.overall, arrangements[0]  # the first holds every scope
         for arrangement in arrangements[1:]:
             figures = scope(judged[arrangement])
-            if figures is not None and _drop(figures, metric) > _drop(best, metric):
+            if figures is not None and _severity(figures, metric) > _severity(best, metric):
                 best, where = figures, arrangement
         return best, where
 
@@ -132,8 +134,7 @@ def worst_scopes(
         figures, where = pick(lambda result, name=name: result.slice(name))
         chosen[name] = where
         slices.append(figures)
-    nonfinite = max(result.nonfinite_outputs for result in judged.values())
-    return replace(first, overall=overall, slices=tuple(slices), nonfinite_outputs=nonfinite), chosen
+    return replace(first, overall=overall, slices=tuple(slices), nonfinite_outputs=overall.nonfinite_outputs), chosen
 
 
 def judged_note(why: str, judged: Mapping[Arrangement, AccuracyResult], chosen: Mapping[str, Arrangement],
@@ -146,10 +147,12 @@ def judged_note(why: str, judged: Mapping[Arrangement, AccuracyResult], chosen: 
             f"its worst ({figures}); judged: {worst}")
 
 
-def _drop(scope: SliceMetrics, metric: str) -> float:
-    """The drop of `metric` for ordering (NaN: larger than any, it cannot pass; none: smaller than any)."""
+def _severity(scope: SliceMetrics, metric: str) -> tuple[int, float]:
+    """How bad a scope's figures are, for ordering: its rows of NaN/inf outputs where FP32's are finite (the gate's
+    breach whatever a metric says), then the drop of `metric` (NaN: larger than any, it cannot pass; none: smaller
+    than any)."""
     drop = scope.drops.get(metric, -math.inf)
-    return math.inf if math.isnan(drop) else drop
+    return scope.new_nonfinite_outputs, math.inf if math.isnan(drop) else drop
 
 
 def _figure(scope: SliceMetrics, metric: str) -> str:

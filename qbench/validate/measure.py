@@ -268,10 +268,15 @@ def measure(
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
                    "cuts": {c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
                             if c.meta.decision_cut is not None}, "precision": built.precision}  # fmt: skip
+        against = reference.accuracy if reference is not None and reference.accuracy else None
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                          feeds=rows.feeds, **options)  # fmt: skip
-        except QbenchError as exc:  # its outputs cannot be scored (a custom metric raised on every scope): it failed
+            accuracy = with_drops(accuracy, against or accuracy)
+            if mixed is not None:
+                accuracy, mixed_note = _judged_as_served(prepared, rows, accuracy, mixed, options, base, against)
+        except QbenchError as exc:  # its outputs (as evaluated or as served) cannot be scored (a custom metric raised
+            # on every scope): it failed
             return replace(_failed(built, backend, f"scoring failed: {exc}", quiet=quiet),
                            environment=environment_cause(exc),
                            metric_error=exc if isinstance(exc, MetricError) else None)  # fmt: skip
@@ -284,10 +289,6 @@ def measure(
             chance = check_labels_beat_chance(recipe, prepared.outputs, accuracy.overall, rows.labels, unpaired)
             for why in chance:
                 logger.warning("%s: %s", label, why)
-        against = reference.accuracy if reference is not None and reference.accuracy else None
-        accuracy = with_drops(accuracy, against or accuracy)
-        if mixed is not None:
-            accuracy, mixed_note = _judged_as_served(prepared, rows, accuracy, mixed, options, base, against)
         beyond = [] if reference is None else beyond_range_notes(recipe.task, outputs, base, built.precision,
                                                                  options["lowest_wins"])  # fmt: skip
         nsr = output_nsr([base[k] for k in outputs], list(outputs.values()))

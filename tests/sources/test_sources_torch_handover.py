@@ -213,6 +213,64 @@ def test_settings_digest_follows_public_settings_and_tensor_attributes_only(tmp_
     assert settings_sha256(scaled) != settings_sha256(net)
 
 
+@pytest.mark.parametrize("setting", [
+    lambda: np.array([0.5, 1.0], dtype=np.float32),  # a normalisation held as a numpy array
+    lambda: np.float32(0.5),  # a numpy scalar read from a config
+    lambda: pd.DataFrame({"mean": [0.5, 1.0]}),  # a pandas table of per-feature statistics
+])  # fmt: skip
+def test_settings_digest_follows_numpy_and_pandas_values(tmp_path: Path, setting: Any) -> None:
+    """An array-like setting was keyed by its class alone: a module whose numpy mean (or scalar, or pandas table)
+    changed, its weights the same, reused the export made with the old values (forward() reads them as constants)."""
+    net, changed = _net(tmp_path), _net(tmp_path)
+    net.stats, changed.stats = setting(), setting()
+    assert settings_sha256(changed) == settings_sha256(net)
+    changed.stats = changed.stats * 2
+    assert settings_sha256(changed) != settings_sha256(net)
+
+
+def test_settings_digest_leaves_a_logger_s_process_state_out(tmp_path: Path) -> None:
+    """A module holding its logger was keyed through the logger's parent, the root logger, and so on the handlers the
+    process happened to configure (importing MLflow, qbench's CLI): each process gave its own key, each sweep a new
+    export."""
+    import logging
+
+    net = _net(tmp_path)
+    net.log = logging.getLogger("teampkg.loaders")
+    before = settings_sha256(net)
+    handler = logging.StreamHandler()
+    logging.getLogger().addHandler(handler)
+    try:
+        assert settings_sha256(net) == before
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def test_code_digest_of_a_scripted_module_leaves_its_file_s_folder_out(tmp_path: Path) -> None:
+    """A TorchScript graph's text names the source file's path on every node: the same class scripted from another
+    checkout's folder (a CI job's workspace) was keyed anew and exported again. An edit to forward() still counts."""
+    import importlib.util
+
+    from qbench.sources.torch_wrappers import generated_code_sha256
+
+    code = ("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.lin = torch.nn.Linear(3, 2)\n\n    def forward(self, x):\n        return torch.relu(self.lin(x)) * 2\n")
+
+    def scripted(folder: str, text: str) -> torch.jit.ScriptModule:
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "checkout_net.py").write_text(text)
+        spec = importlib.util.spec_from_file_location("checkout_net", tmp_path / folder / "checkout_net.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        torch.manual_seed(0)
+        return torch.jit.script(module.Net())
+
+    first, second = scripted("job-1", code), scripted("job-2", code)
+    assert str(tmp_path / "job-1") in str(first.inlined_graph)  # the path the old key read
+    assert generated_code_sha256(first) == generated_code_sha256(second)
+    edited = scripted("job-3", code.replace("* 2", "* 3"))
+    assert generated_code_sha256(edited) != generated_code_sha256(first)
+
+
 @pytest.mark.parametrize(("dynamic", "mode", "expected"), [
     (False, "eval", "export it with a dynamic batch, torch.export.export(model, args, dynamic_shapes="),
     (True, "train", "a torch.export program keeps the mode it was exported in: export it from model.eval()"),

@@ -41,7 +41,26 @@ def test_worst_scopes_takes_each_scope_from_the_arrangement_where_it_drops_most(
     assert worst.overall.metrics == {"accuracy": 0.85} and chosen["overall"] == mixed
     assert [s.metrics["accuracy"] for s in worst.slices] == [0.7, 0.9]
     assert chosen["a"] == mixed and chosen["b"] == evaluated  # a tie keeps the earlier arrangement
-    assert worst.nonfinite_outputs == 1
+    assert worst.nonfinite_outputs == worst.overall.nonfinite_outputs == 0
+
+
+def test_worst_scopes_takes_nan_rows_fp32_lacks_first_and_counts_the_overall_it_took():
+    """Alone, 2 rows' outputs turn NaN where FP32's are finite (the gate's breach whatever the drop) while fewer rows
+    flip than in the evaluation's batches. The scope was taken by its drop alone (the evaluation's figures, no NaN:
+    the breach unseen) and the result counted the NaN rows of another arrangement than its overall's, a record the
+    gate rejects as invalid (exit 2): 'nonfinite_outputs ... (= overall's)'."""
+    evaluated, alone = Arrangement(64, mixed=False), Arrangement(1, mixed=True)
+    nan_rows = SliceMetrics("overall", 20, {"accuracy": 0.85}, drops={"accuracy": 0.05}, nonfinite_outputs=2,
+                            new_nonfinite_outputs=2)  # fmt: skip
+    judged = {evaluated: AccuracyResult(20, 0, _scope("overall", 0.80, 0.10), (_scope("a", 0.8, 0.1),)),
+              alone: AccuracyResult(20, 2, nan_rows, (_scope("a", 0.9, 0.0),))}  # fmt: skip
+    worst, chosen = worst_scopes(judged, "accuracy")
+    assert chosen["overall"] == alone and worst.overall.new_nonfinite_outputs == 2
+    assert worst.nonfinite_outputs == worst.overall.nonfinite_outputs == 2
+    assert chosen["a"] == evaluated  # a slice with no NaN rows anywhere: its largest drop
+    judged[alone] = AccuracyResult(20, 0, _scope("overall", 0.85, 0.05), (_scope("a", 0.9, 0.0),))
+    worst, chosen = worst_scopes(judged, "accuracy")
+    assert chosen["overall"] == evaluated and worst.nonfinite_outputs == 0
 
 
 def test_worst_scopes_takes_a_nan_drop_it_cannot_pass():
@@ -173,3 +192,33 @@ def test_a_rare_loud_slice_that_coarsens_a_batch_is_seen_where_quiet_batches_sho
     assert batch_dependence(_per_batch_12_bit, quiet, 64) is None  # quiet rows alone: within tolerance
     seen = batch_dependence(_per_batch_12_bit, feeds, 64)
     assert seen is not None and "(the row's values reach" in seen
+
+
+def test_a_served_arrangement_that_cannot_be_scored_fails_the_variant_not_the_sweep(tmp_path, monkeypatch):
+    """A recipe's metric that raises on every scope of a served arrangement's outputs (and not on the evaluation's)
+    fails that variant as its evaluation's would: recorded failed, results written, the sweep's exit 2 naming it. It
+    escaped measure() before: the sweep stopped on 'error: custom metric ...' with no results at all."""
+    from qbench.tasks.base import MetricError
+    from qbench.validate import measure
+
+    recipe = _sorted_by_slice_project(tmp_path, [1, 32])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    scored = measure.evaluate_accuracy
+
+    def raising_when_served(*args, **kwargs):
+        if kwargs.get("precision") == "int8":  # the variant's evaluation is scored first, then each arrangement
+            calls.append(len(calls))
+            if len(calls) > 1:
+                raise MetricError("custom metric 'strict' failed: ValueError: served (on overall, 256 rows)", "strict")
+        return scored(*args, **kwargs)
+
+    calls: list[int] = []
+
+    monkeypatch.setattr(measure, "evaluate_accuracy", raising_when_served)
+    assert main(["sweep", str(recipe), "--no-track"]) == 2  # a measurement failed
+    results = json.loads(next((tmp_path / "reports").rglob("results.json")).read_text())
+    assert [v["status"] for v in results["variants"]] == ["ok", "failed"]
+    variant = next(v for v in results["variants"] if v["variant"] == "int8-dynamic")
+    assert variant["status"] == "failed" and "scoring failed: custom metric 'strict' failed" in variant["error"]
+    assert len(calls) == 2  # the evaluation's scoring, then the first served arrangement's, which raised
