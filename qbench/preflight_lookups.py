@@ -14,8 +14,10 @@ an input that reaches every table it indexes only so is checked against the larg
 
 A category table is checked the same way: an ONNX-ML `OneHotEncoder` with `zeros = 0` (scikit-learn's
 `handle_unknown='error'`, as skl2onnx converts it) fails the whole batch on a value it does not know (`Unknown Category
-and zeros = 0`), which `qbench validate` blamed on the model; each value an input feeds it, directly or through
-value-preserving ops, must be among its categories.
+and zeros = 0`), which `qbench validate` blamed on the model; each value an input feeds it, directly, through
+value-preserving ops or as a column a constant Gather or ArrayFeatureExtractor picks (skl2onnx's column selection
+before each encoder of a pipeline or ColumnTransformer), must be among its categories; each encoder of an input is checked on the
+columns it reads.
 
 A negative id is refused too, though ONNX's Gather reads it from the table's end (-1 as the last row): torch's
 `nn.Embedding` and `nn.EmbeddingBag` refuse it (`index out of range`), so an exported embedding never meant it, and a
@@ -43,6 +45,8 @@ _SHOWN_ROWS = 3
 _VALUE_PRESERVING = {"Cast", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Transpose", "Expand", "Tile"}
 # ops whose output holds every value of any of their inputs, beside others
 _VALUE_JOINING = {"Concat"}
+# of those, ops that keep every value at its place (an axis read after them is the input's)
+_VALUE_KEEPING_LAYOUT = {"Cast", "Identity"}
 # ops whose output holds some of the values of their first input (a selection of them)
 _VALUE_SELECTING = {"Slice", "Gather", "GatherElements", "GatherND", "Split", "Compress"}
 # (domain, op type) -> (index input, table input) pairs of ops that read rows of a constant table (along axis 0 unless
@@ -65,7 +69,23 @@ class Lookup:
     negative: bool = True  # whether the node reads ids from -size to -1 from the table's end (Gather does): said when
     # such an id is refused, as the reason a run would not have failed on it
     partial: bool = False  # reached through a selection of the ids (a Slice, a Gather of them): some may not reach it
-    categories: tuple[str | int, ...] | None = None  # a category table (OneHotEncoder, zeros = 0): the values it knows
+    encoders: tuple[Encoder, ...] = ()  # category tables (OneHotEncoder, zeros = 0) reading the input, not ids
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """A OneHotEncoder refusing values outside `categories` (zeros = 0), and what it reads of an input: the values
+    left by `picks`, each the (axis, indices) of a constant-index Gather along a non-batch axis on the way, in order."""
+
+    node: str
+    categories: tuple[str | int, ...]
+    picks: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def read(self, values: np.ndarray) -> np.ndarray:
+        """The values of an input's feed (rows on axis 0) that reach the encoder."""
+        for axis, indices in self.picks:
+            values = np.take(values, list(indices), axis=axis)
+        return values
 
 
 def constant_lookups(model_path: Path) -> dict[str, Lookup]:
@@ -77,9 +97,11 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
     graphs = list(_graphs(graph))  # an embedding inside an If/Loop/Scan body indexes a table too
     tables = {t.name: list(t.dims) for body in graphs for t in body.initializer}
     nodes = [node for body in graphs for node in body.node]
+    constants = {t.name: t for body in graphs for t in body.initializer}
     for node in nodes:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
             tables[node.output[0]] = list(node.attribute[0].t.dims)
+            constants[node.output[0]] = node.attribute[0].t
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in nodes:  # a body reads an outer value under the outer name, so its nodes are consumers of that name
         for name in node.input:
@@ -95,27 +117,62 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
         elif lookups:  # each table sees some of the ids: an id past the largest is past every table it could reach
             found[value.name] = max(lookups, key=lambda lookup: lookup.size)
     for value in graph.input:
-        if value.name not in found and (table := _category_table(value.name, consumers)) is not None:
-            found[value.name] = table
+        if value.name not in found and (encoders := _category_tables(value.name, consumers, constants)):
+            found[value.name] = Lookup(encoders[0].node, len(encoders[0].categories), False, encoders=encoders)
     return found
 
 
-def _category_table(name: str, consumers: Mapping[str, list]) -> Lookup | None:
-    """The OneHotEncoder refusing values outside its categories (zeros = 0) that reads `name`'s values, directly or
-    through value-preserving ops."""
-    for current, pending in each_once(name):
+def _category_tables(
+    name: str, consumers: Mapping[str, list], constants: Mapping[str, onnx.TensorProto]
+) -> tuple[Encoder, ...]:
+    """The OneHotEncoders refusing values outside their categories (zeros = 0) that read `name`'s values, directly,
+    through value-preserving ops, or as columns a constant-index Gather picks on the input's own layout (before any
+    op that rearranges it, so the Gather's axis is the input's)."""
+    encoders = []
+    pending: list[tuple[str, tuple[tuple[int, tuple[int, ...]], ...], bool]] = [(name, (), False)]
+    seen = {name}
+    while pending:
+        current, picks, rearranged = pending.pop(0)
         for node in consumers.get(current, []):
-            if node.op_type in _VALUE_PRESERVING and node.input[0] == current:
-                pending += list(node.output)
-            elif node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
+            if not node.input or node.input[0] != current:
+                continue
+            if node.op_type == "OneHotEncoder" and node.domain == "ai.onnx.ml":
                 attributes = {a.name: a for a in node.attribute}
                 zeros = attributes["zeros"].i if "zeros" in attributes else 1
                 known = (list(attributes["cats_strings"].strings) if "cats_strings" in attributes
                          else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes else None)  # fmt: skip
                 if zeros == 0 and known:
                     categories = tuple(c.decode() if isinstance(c, bytes) else int(c) for c in known)
-                    return Lookup(node.name or node.output[0], len(categories), False, categories=categories)
-    return None
+                    encoders.append(Encoder(node.name or node.output[0], categories, picks))
+                continue
+            if node.op_type in _VALUE_PRESERVING:
+                step = (picks, rearranged or node.op_type not in _VALUE_KEEPING_LAYOUT)
+            elif not rearranged and (pick := _column_pick(node, constants)) is not None:
+                step = ((*picks, pick), rearranged)
+            else:
+                continue
+            for output in node.output:
+                if output not in seen:
+                    seen.add(output)
+                    pending.append((output, *step))
+    return tuple(encoders)
+
+
+def _column_pick(node: onnx.NodeProto, constants: Mapping[str, onnx.TensorProto]) -> tuple[int, tuple[int, ...]] | None:
+    """The (axis, indices) of a node picking values along a non-batch axis at constant indices (a Gather; ONNX-ML's
+    ArrayFeatureExtractor, along the last axis, as skl2onnx selects a ColumnTransformer's columns), else None."""
+    from onnx import numpy_helper
+
+    if node.op_type == "Gather" and node.domain in ("", "ai.onnx"):
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    elif node.op_type == "ArrayFeatureExtractor" and node.domain == "ai.onnx.ml":
+        axis = -1
+    else:
+        return None
+    indices = constants.get(node.input[1]) if len(node.input) > 1 else None
+    if axis == 0 or indices is None:
+        return None
+    return axis, tuple(int(i) for i in numpy_helper.to_array(indices).ravel())
 
 
 def _lookups_of(name: str, consumers: Mapping[str, list], tables: Mapping[str, list[int]]) -> list[Lookup]:
@@ -159,8 +216,9 @@ def check_lookup_indices(
     columns = {name: column for column, name in recipe.data.inputs.items() if isinstance(name, str)}
     for name, lookup in lookups.items():
         values = feeds.get(name)
-        if values is not None and values.size and lookup.categories is not None:
-            _check_categories(recipe, columns, name, lookup, values, rows, what)
+        if values is not None and values.size and lookup.encoders:
+            for encoder in lookup.encoders:
+                _check_categories(recipe, columns, name, encoder, values, rows, what)
             continue
         if values is None or values.dtype.kind not in "iu" or not values.size:
             continue
@@ -181,23 +239,25 @@ def check_lookup_indices(
 
 
 def _check_categories(
-    recipe: Recipe, columns: Mapping[str, str], name: str, lookup: Lookup, values: np.ndarray, rows: np.ndarray,
+    recipe: Recipe, columns: Mapping[str, str], name: str, encoder: Encoder, values: np.ndarray, rows: np.ndarray,
     what: str,
 ) -> None:
-    """Every row's values of input `name` are among `lookup`'s categories (a RecipeError naming them otherwise)."""
-    known = set(lookup.categories or ())
-    flat = values.reshape(len(values), -1)
+    """Every row's values of input `name` that `encoder` reads are among its categories (a RecipeError naming them
+    otherwise)."""
+    known = set(encoder.categories)
+    flat = encoder.read(values).reshape(len(values), -1)
     unknown = np.flatnonzero([any(_category(v) not in known for v in row) for row in flat])
     if not unknown.size:
         return
     examples = ", ".join(f"row {rows[i]}: {next(_category(v) for v in flat[i] if _category(v) not in known)!r}"
                          for i in unknown[:_SHOWN_ROWS])  # fmt: skip
-    listed = ", ".join(str(c) for c in (lookup.categories or ())[:12]) + (", ..." if lookup.size > 12 else "")
+    size = len(encoder.categories)
+    listed = ", ".join(str(c) for c in encoder.categories[:12]) + (", ..." if size > 12 else "")
     source = f"column {columns[name]!r} (model input {name!r})" if name in columns else f"model input {name!r}"
     count = f"{unknown.size} {what} row{'s hold' if unknown.size > 1 else ' holds'}"
     raise RecipeError(recipe.source, "data.inputs", (
-        f"{source}: {count} categories the OneHotEncoder {lookup.node!r} does not know, e.g. {examples}; expected one "
-        f"of its {lookup.size} categories ({listed}): converted with zeros = 0 (scikit-learn's handle_unknown="
+        f"{source}: {count} categories the OneHotEncoder {encoder.node!r} does not know, e.g. {examples}; expected one "
+        f"of its {size} categories ({listed}): converted with zeros = 0 (scikit-learn's handle_unknown="
         "'error'), the graph fails on any other; leave those rows out with a filter, or convert the encoder with "
         "handle_unknown='ignore' (an all-zero encoding)"))  # fmt: skip
 

@@ -32,6 +32,7 @@ from qbench.preflight_random import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
+from qbench.sources.torch_wrappers import guard_remedy
 from qbench.user_code import installed
 from qbench.verdicts import Agreement, checked, feeds_digest
 
@@ -43,9 +44,6 @@ ROWS_CHECKED = 32  # evaluation rows, spread over them, an export is checked on 
 _PYTHON_VALUE = "Converting a tensor to a Python"  # the tracer's warning: a tensor read as a number or a bool
 _ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({EXAMPLE_BATCH}, -1), and no Python loop "
               "over the rows (for i in range(x.shape[0]))")
-_GUARD = "Guard failed"  # a torch.export program's module() checking the sizes it was exported at
-_GUARDED = ("a torch.export program holds the sizes it was exported at unless told otherwise: export it with a dynamic "
-            "batch, torch.export.export(model, args, dynamic_shapes={'<argument>': {0: torch.export.Dim('batch')}})")
 
 
 def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
@@ -276,7 +274,7 @@ def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_mas
         with single_torch_thread(), torch.no_grad():
             shapes = [list(t.shape) for t in flatten_outputs(torch_model.build()(*inputs))]
     except Exception as exc:  # noqa: BLE001 - the user's forward(): what failed is the finding
-        remedy = _GUARDED if str(exc).startswith(_GUARD) else _ANY_BATCH
+        remedy = guard_remedy(exc) or _ANY_BATCH
         return (f"cannot be checked at a batch of {OTHER_BATCH}: forward() itself fails on it ({type(exc).__name__}: "
                 f"{exc}); qbench feeds rows in batches of any size along axis 0: {remedy}")  # fmt: skip
     try:

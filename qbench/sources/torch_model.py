@@ -39,7 +39,7 @@ from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.sources.torch_settings import settings_sha256
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
-from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, is_script_module, unwrapped
+from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, guard_remedy, is_script_module, unwrapped
 from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
 
 logger = logging.getLogger(__name__)
@@ -383,8 +383,9 @@ def _output_names(recipe: Recipe, module: torch.nn.Module, inputs: tuple[Any, ..
         examples = recipe.model.example_inputs or {}
         _refuse_a_mapping_forward(recipe, module, {name: tuple(shape) for name, shape in examples.items()})
         shapes = {name: [EXAMPLE_BATCH, *shape[1:]] for name, shape in examples.items()}
-        message = (f"forward() failed on example inputs {shapes} ({EXAMPLE_VALUES}): "
-                   f"{describe(exc)}{_half_hint(exc)}{_values_hint(exc)}")
+        guarded = guard_remedy(exc)
+        message = (f"forward() failed on example inputs {shapes} ({EXAMPLE_VALUES}): {describe(exc)}"
+                   f"{_half_hint(exc)}{_values_hint(exc)}{f'; {guarded}' if guarded else ''}")  # fmt: skip
         raise RecipeError(recipe.source, "model.example_inputs", message) from exc
     try:
         count = len(flatten_outputs(outputs))

@@ -15,6 +15,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
+_GUARD = "Guard failed"  # a torch.export program's module() checking the sizes it was exported at
+
+
+def guard_remedy(exc: Exception) -> str | None:
+    """What to do where a `torch.export` program's module() refused a size it was not exported at (`Guard failed:
+    x.size()[0] == 8`), the example's batch or another; None for any other failure."""
+    if not str(exc).startswith(_GUARD):
+        return None
+    return ("a torch.export program holds the sizes it was exported at unless told otherwise: export it with a dynamic "
+            "batch, torch.export.export(model, args, dynamic_shapes={'<argument>': {0: torch.export.Dim('batch')}})")
+
 
 def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
     """The model inside `module`'s wrappers (each computes its model's forward() unchanged), outermost first."""

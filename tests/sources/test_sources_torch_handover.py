@@ -271,17 +271,20 @@ def test_code_digest_of_a_scripted_module_leaves_its_file_s_folder_out(tmp_path:
     assert generated_code_sha256(edited) != generated_code_sha256(first)
 
 
-@pytest.mark.parametrize(("dynamic", "mode", "expected"), [
-    (False, "eval", "export it with a dynamic batch, torch.export.export(model, args, dynamic_shapes="),
-    (True, "train", "a torch.export program keeps the mode it was exported in: export it from model.eval()"),
+@pytest.mark.parametrize(("dynamic", "mode", "batch", "expected"), [
+    (False, "eval", 2, "export it with a dynamic batch, torch.export.export(model, args, dynamic_shapes="),
+    (False, "eval", 8, "export it with a dynamic batch, torch.export.export(model, args, dynamic_shapes="),
+    (True, "train", 2, "a torch.export program keeps the mode it was exported in: export it from model.eval()"),
 ])  # fmt: skip
 def test_a_torch_export_program_that_cannot_be_swept_is_refused_saying_how_to_export_it(
-        tmp_path: Path, dynamic: bool, mode: str, expected: str) -> None:  # fmt: skip
-    """Exported at its example's batch (its module() asserts that batch), or from a module in training mode (its
-    Dropout draws, and its module() cannot be put in eval mode): one line saying how to export it instead."""
+        tmp_path: Path, dynamic: bool, mode: str, batch: int, expected: str) -> None:  # fmt: skip
+    """Exported at a fixed batch (its module() asserts that batch: the example's, 2, or another, 8, which failed on the
+    example's batch with `Guard failed: x.size()[0] == 8` and no word of how to export it), or from a module in
+    training mode (its Dropout draws, and its module() cannot be put in eval mode): one line saying how to export it
+    instead."""
     net = _net(tmp_path).train(mode == "train")
     shapes = {"x": {0: torch.export.Dim("batch", min=1, max=1024)}} if dynamic else None
-    torch.export.save(torch.export.export(net, (torch.rand(2, FEATURES),), dynamic_shapes=shapes),
+    torch.export.save(torch.export.export(net, (torch.rand(batch, FEATURES),), dynamic_shapes=shapes),
                       str(tmp_path / "artefact.pt2"))  # fmt: skip
     with pytest.raises(QbenchError) as caught:
         export_reference(load_torch_model(load_recipe(_project(tmp_path, "exported"))))
