@@ -213,7 +213,7 @@ def test_the_sweeps_notes_on_a_variant_travel_with_it(swept: Path, tmp_path: Pat
     export = export_triton(load_recipe(swept), "int8-dyn", CPU, tmp_path / "repo", force=True)
     readme = (export.model_dir / "README.md").read_text()
     notes = read_results(latest_results(load_recipe(swept))).find("int8-dyn", CPU).notes
-    assert any("activation scales are computed per batch" in note for note in notes)
+    assert any(note.startswith("rows depend on their batch") for note in notes)  # measured (qbench.validate.batch_mix)
     assert "## Notes from the sweep" in readme and all(f"- {note}" in readme for note in notes)
 
 
