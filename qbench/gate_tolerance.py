@@ -104,9 +104,12 @@ GivenTolerances = Tolerances | Mapping[str, Tolerances] | None
 each gated metric's by name (`tolerances_by_metric`)."""
 
 
-def tolerances_by_metric(reference: VariantResult | None, gate: GateSpec) -> dict[str, Tolerances]:
-    """`reference_tolerances` of each metric `gate` judges (gate.metrics), by name."""
-    return {one.metric: reference_tolerances(reference, one) for one in gate.per_metric()}
+def tolerances_by_metric(reference: VariantResult | None, gate: GateSpec,
+                         primary: Tolerances | None = None) -> dict[str, Tolerances]:  # fmt: skip
+    """`reference_tolerances` of each metric `gate` judges (gate.metrics), by name; gate.metric's `primary` where
+    they are resolved already."""
+    return {one.metric: primary if primary is not None and one.metric == gate.metric else
+            reference_tolerances(reference, one) for one in gate.per_metric()}  # fmt: skip
 
 
 def given_for(tolerances: GivenTolerances, one: GateSpec, gate: GateSpec) -> Tolerances | None:
