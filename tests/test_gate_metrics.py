@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
 from qbench.errors import RecipeError
-from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate, judge
+from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge
 from qbench.gate_junit import junit_xml
 from qbench.gate_report import failure_reasons, markdown_summary, report_dict, summary_line
 from qbench.gate_tolerance import tolerances_by_metric
@@ -109,6 +110,18 @@ def test_the_search_judges_a_candidate_on_every_gated_metric():
     assert verdict.exit_code == EXIT_BREACH
     assert gate_excess(verdict) == pytest.approx(50.0)
     assert one.exit_code == EXIT_PASS and gate_excess(one) == 0.0
+
+
+def test_results_without_a_gated_metrics_figure_cannot_be_judged():
+    """Results recording no price_mae (written before the recipe gated it): exit 2 naming it, never a pass."""
+    results = _results()
+    fp32, int8 = results.variants
+    assert int8.accuracy is not None
+    bare = SliceMetrics("overall", 200, {"acc": 0.9})
+    lacking = replace(int8, accuracy=replace(int8.accuracy, overall=bare))
+    report = evaluate_gate(replace(results, variants=(fp32, lacking)), BOTH)
+    assert report.exit_code == EXIT_UNUSABLE
+    assert "int8-a@onnxruntime-cpu: metric 'price_mae' is missing or NaN on overall" in report.problems
 
 
 def test_results_record_the_gated_metrics_and_old_results_without_them_read_as_one():
