@@ -177,7 +177,8 @@ def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, 
     from qbench.report_serving import slo_lines
 
     ending.verdict = report  # from here on, an ending other than this verdict is reported beside its checks
-    out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), metric {report.metric}",
+    out.print(f"gate on {judged.recipe.get('name', '?')} ({judged.created_at}), "
+              f"{'metrics' if len(report.gated_metrics) > 1 else 'metric'} {report.metric_text}",
               markup=False)  # fmt: skip
     for line in slo_lines(judged, report):
         out.print(line, markup=False)

@@ -39,10 +39,7 @@ from qbench.gate_outputs import (
     other_output_notes,
 )
 from qbench.gate_resolution import interval_problems, rows_alone, unresolved
-from qbench.gate_tolerance import (
-    Tolerances,
-    reference_tolerances,
-)
+from qbench.gate_tolerance import GivenTolerances, Tolerances, given_for, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.recipe_slo import SloSpec
 from qbench.results import SliceMetrics, SweepResults, VariantResult
@@ -84,7 +81,7 @@ class GateCheck:
 
 @dataclass(frozen=True)
 class GateReport:
-    metric: str
+    metric: str  # gate.metric (the first of gate.metrics): the one the frontier and the search's figures are of
     checks: tuple[GateCheck, ...] = ()
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
@@ -107,6 +104,17 @@ class GateReport:
     # judged, no variant of its backend passes
     reference: str = ""
     reference_backend: str = ""
+    metrics: tuple[str, ...] = ()  # every gated metric, `metric` first, where gate.metrics gates several
+
+    @property
+    def gated_metrics(self) -> tuple[str, ...]:
+        """Every metric the gate judged, gate.metric first."""
+        return self.metrics or (self.metric,)
+
+    @property
+    def metric_text(self) -> str:
+        """'cls_acc', or 'cls_acc, price_mae' where several metrics are gated: what headings say the gate is on."""
+        return ", ".join(self.gated_metrics)
 
     @property
     def unresolved(self) -> tuple[str, ...]:
@@ -146,7 +154,7 @@ class GateReport:
         each later backend whose FP32 does: every variant of that backend fails with it, and none of its rows may be
         named the cheapest (qbench.report_serving)."""
         lines: dict[str, list[str]] = {}
-        for check in sorted(self.breaches, key=lambda c: c.metric != self.metric):  # the gate metric's first
+        for check in sorted(self.breaches, key=lambda c: c.metric not in self.gated_metrics):  # gated metrics first
             if check.variant == self.reference and check.backend != self.reference_backend and check.scope != SLO_SCOPE:
                 lines.setdefault(check.backend, []).append(
                     f"{check.scope} {check.metric} {check.reference:.4g} → {check.observed:.4g}"
@@ -204,13 +212,14 @@ def withheld(report: GateReport) -> GateReport:
     return replace(report, checks=checks, notes=notes)
 
 
-def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec, tolerances: Tolerances | None = None,
+def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec, tolerances: GivenTolerances = None,
           distinct_inputs: Mapping[str, int] | None = None) -> GateReport:  # fmt: skip
     """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
     resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
     is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
     the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
-    chosen on), rather than against `reference`'s figures. `distinct_inputs`: of the rows judged on, as results record
+    chosen on), rather than against `reference`'s figures (gate.metric's alone, or each gated metric's by name: another
+    is resolved against `reference`). `distinct_inputs`: of the rows judged on, as results record
     them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate counts them."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
@@ -227,14 +236,15 @@ def evaluate_gate(
     *,
     expected: Sequence[tuple[str, str]] | None = None,
     slo: SloSpec | None = None,
-    tolerances: Tolerances | None = None,
+    tolerances: GivenTolerances = None,
     resolve: bool = True,
 ) -> GateReport:
     """Judge every gated variant × backend in `results` against `spec`; collect every violation.
 
     expected: (variant, backend) pairs the recipe asks for; any missing from the results is a problem.
-    tolerances: resolved once, for many candidates judged against one FP32 figure (the search's screening rows);
-        by default each backend's are resolved against its FP32 result (qbench.gate_tolerance).
+    tolerances: resolved once, for many candidates judged against one FP32 figure (the search's screening rows):
+        gate.metric's, or each gated metric's by name; by default (and for a gated metric they leave out) each
+        backend's are resolved against its FP32 result (qbench.gate_tolerance).
     resolve: whether a pass needs a scope large enough to resolve its tolerance (qbench.gate_resolution): one that
         does not is a problem of its variant, or a note under `gate.unresolved: note`.
     slo: a latency budget: every variant it applies to (the reference aside) gets a check with scope
@@ -248,7 +258,7 @@ def evaluate_gate(
 
 
 def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[str, str]] | None,
-              slo: SloSpec | None, tolerances: Tolerances | None, resolve: bool) -> GateReport:  # fmt: skip
+              slo: SloSpec | None, tolerances: GivenTolerances, resolve: bool) -> GateReport:  # fmt: skip
     problems: list[str] = missing_evidence(results, slo)
     unresolved_notes: list[str] = []
     small_passes: list[tuple[str, str]] = []
@@ -268,10 +278,16 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
     # FP32 on each later backend, judged against the first backend's FP32 as a variant is against its backend's
     later_fp32 = [(results.reference, b) for b in backends[1:] if (results.reference, b) not in skipped]
     checks: list[GateCheck] = []
+    specs = spec.per_metric()  # every gated metric, judged by the same rules; their shared checks counted once
     for variant, backend in [*later_fp32, *gated]:
         against = first if variant == results.reference else backend
-        own_checks, own_problems, unresolved_scopes, spread = _judge(results, variant, backend, spec, tolerances,
-                                                                     against)  # fmt: skip
+        own_checks, own_problems, unresolved_scopes, spread = [], [], [], False
+        for one in specs:
+            found = _judge(results, variant, backend, one, given_for(tolerances, one, spec), against)
+            own_checks, own_problems = [*own_checks, *found[0]], [*own_problems, *found[1]]
+            unresolved_scopes, spread = [*unresolved_scopes, *found[2]], spread or found[3]
+        own_checks, own_problems = list(dict.fromkeys(own_checks)), list(dict.fromkeys(own_problems))
+        unresolved_scopes = list(dict.fromkeys(unresolved_scopes))
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
         if not unresolved_scopes or _same_graph(results, variant, backend):
@@ -292,20 +308,21 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         checks.extend(_slo_check(j) for j in judgements)
         problems.extend(slo_problems)
         gated += [pair for pair in slo_pairs if pair not in gated]
+    per_metric = [note for one in specs for note in (*tolerance_notes(results, one, gated),
+                  *one_class_reference(results, one, gated), *reference_worse_than_the_mean(results, one, gated))]
     return withheld(GateReport(
-        metric=spec.metric,
+        metric=spec.metric, metrics=spec.gated_metrics if len(specs) > 1 else (),
         checks=tuple(checks),
         problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in [*later_fp32, *gated]),
         reference=results.reference, reference_backend=first,
         unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
-        notes=(*unresolved_notes, *tolerance_notes(results, spec, gated), *other_output_notes(results, spec, gated),
+        notes=(*unresolved_notes, *dict.fromkeys(per_metric), *other_output_notes(results, spec, gated),
                *other_output_kept_notes(results, spec, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *constant_reference(results, gated),
-               *rounded_reference(results, gated), *one_class_reference(results, spec, gated),
-               *reference_worse_than_the_mean(results, spec, gated),
+               *rounded_reference(results, gated),
                *mixed_timing_machines(results),
                *slower_than_reference_notes(results, {f"{v}@{b}" for v, b in gated})),
     ))

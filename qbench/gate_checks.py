@@ -120,7 +120,7 @@ def result_problems(
         problems.extend(f"{result.key}: {p}" for p in _variant_problems(result, specs[result.variant], timed))
     ref_scopes = _reference_scopes(results, reference)
     on_backend = _reference_by_backend(results, reference)
-    undefined = _undefined_scopes(results, reference, recipe.gate.metric)
+    undefined = _undefined_scopes(results, reference, recipe.gate.gated_metrics)
     named = [s.name for s in recipe.data.slices if s.name is not None]
     wanted = evaluated.slice_sizes if evaluated is not None else None
     first = recipe.backends[0]
@@ -254,18 +254,19 @@ def _reference_by_backend(results: SweepResults, reference: str) -> dict[str, di
             if result.variant == reference and result.status == "ok" and result.accuracy is not None}  # fmt: skip
 
 
-def _undefined_scopes(results: SweepResults, reference: str, metric: str) -> dict[str, set[str]]:
-    """Backend -> scopes where the metric is NaN/inf for every usable result on it, FP32 included, and FP32 gives no
-    NaN/inf output: the data leaves it undefined there (R² of a constant target, a one-row slice), which is no sign
-    of an edited file (the gate skips such a slice). A NaN only some results have stays unexplained."""
-    undefined: dict[str, set[str]] = {}
+def _undefined_scopes(results: SweepResults, reference: str, metrics: Sequence[str]) -> dict[str, set[tuple[str, str]]]:
+    """Backend -> (metric, scope) of each gated metric and scope where it is NaN/inf for every usable result on it,
+    FP32 included, and FP32 gives no NaN/inf output: the data leaves it undefined there (R² of a constant target, a
+    one-row slice), which is no sign of an edited file (the gate skips such a slice). A NaN only some results have
+    stays unexplained."""
+    undefined: dict[str, set[tuple[str, str]]] = {}
     for fp32 in results.variants:
         if fp32.variant != reference or fp32.status != "ok" or fp32.accuracy is None:
             continue
         usable = [r.accuracy for r in results.variants
                   if r.backend == fp32.backend and r.status == "ok" and r.accuracy is not None]  # fmt: skip
         undefined[fp32.backend] = {
-            scope.name for scope in (fp32.accuracy.overall, *fp32.accuracy.slices)
+            (metric, scope.name) for metric in metrics for scope in (fp32.accuracy.overall, *fp32.accuracy.slices)
             if scope.nonfinite_outputs == 0
             and all(not math.isfinite(_metric_of(a, scope.name, metric)) for a in usable)
         }  # fmt: skip
@@ -286,7 +287,7 @@ def _accuracy_problems(
     named: Sequence[str],
     ref_scopes: dict[str, SliceMetrics] | None,
     on_backend: Mapping[str, SliceMetrics],
-    undefined: set[str],
+    undefined: set[tuple[str, str]],
     drops_from: Mapping[str, SliceMetrics] | None = None,
 ) -> list[str]:
     """What is wrong with one result's accuracy; `on_backend`: FP32's scopes on its backend, `drops_from` those its
@@ -315,8 +316,9 @@ def _accuracy_problems(
                         for name in have if name not in ref_scopes)  # fmt: skip
     for scope in (accuracy.overall, *accuracy.slices):
         fp32 = on_backend.get(scope.name)
-        problems.extend(_scope_problems(scope, rows, recipe.gate.metric, recipe.gate.min_slice_size,
-                                        0 if fp32 is None else fp32.nonfinite_outputs, scope.name in undefined))  # fmt: skip
+        problems.extend(_scope_problems(scope, rows, recipe.gate.gated_metrics, recipe.gate.min_slice_size,
+                                        0 if fp32 is None else fp32.nonfinite_outputs,
+                                        {metric for metric, name in undefined if name == scope.name}))  # fmt: skip
         problems.extend(_denominator_problems(scope, None if ref_scopes is None else ref_scopes.get(scope.name)))
         problems.extend(_drop_problems(scope, fp32 if drops_from is None else drops_from.get(scope.name)))
         if scope is accuracy.overall:
@@ -328,10 +330,11 @@ def _accuracy_problems(
     return problems
 
 
-def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size: int,
-                    reference_nonfinite: int, undefined: bool) -> list[str]:  # fmt: skip
-    """A NaN metric is explained by non-finite outputs (the variant's, or FP32's it is compared with), by a slice
-    too small to judge, or by the data (`undefined`: NaN for every result on this scope, see _undefined_scopes)."""
+def _scope_problems(scope: SliceMetrics, rows: int, metrics: Sequence[str], min_slice_size: int,
+                    reference_nonfinite: int, undefined: set[str]) -> list[str]:  # fmt: skip
+    """A NaN gated metric (of `metrics`) is explained by non-finite outputs (the variant's, or FP32's it is compared
+    with), by a slice too small to judge, or by the data (`undefined`: the metrics NaN for every result on this
+    scope, see _undefined_scopes)."""
     where = "overall" if scope.name == "overall" else f"slice {scope.name!r}"
     problems: list[str] = []
     if not 0 < scope.size <= rows:
@@ -350,12 +353,14 @@ def _scope_problems(scope: SliceMetrics, rows: int, metric: str, min_slice_size:
             problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
     problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure {scope.metrics.get(name)!r}"
                     for name, why in scope.raised.items() if not _nan(scope.metrics.get(name)))  # fmt: skip
-    value = scope.metrics.get(metric)
-    explained = scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or undefined or metric in scope.raised
-    if value is None:
-        problems.append(f"{where}: metric {metric!r} missing")
-    elif not math.isfinite(value) and not explained and scope.judged_count(metric) >= min_slice_size:
-        problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
+    for metric in metrics:
+        value = scope.metrics.get(metric)
+        explained = (scope.nonfinite_outputs > 0 or reference_nonfinite > 0 or metric in undefined
+                     or metric in scope.raised)  # fmt: skip
+        if value is None:
+            problems.append(f"{where}: metric {metric!r} missing")
+        elif not math.isfinite(value) and not explained and scope.judged_count(metric) >= min_slice_size:
+            problems.append(f"{where}: metric {metric!r} is NaN/inf with no non-finite outputs to explain it")
     return problems
 
 

@@ -139,17 +139,17 @@ def lost_components(reference: SliceMetrics, own: SliceMetrics, gated: str,
 def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """A note per gated variant@backend and other evaluated output (not the one gate.metric names) that lost a
     component (lost_components) on some scope the gate judges, naming the first such scope (overall first)."""
-    gated = spec.metric.rpartition(OUTPUT_SEPARATOR)[0]
+    gated = {metric.rpartition(OUTPUT_SEPARATOR)[0] for metric in spec.gated_metrics}
     notes = []
     for variant, backend in pairs:
         reference, found = results.find(results.reference, backend), results.find(variant, backend)
-        if not gated or reference is None or reference.accuracy is None or found is None or found.accuracy is None:
+        if "" in gated or reference is None or reference.accuracy is None or found is None or found.accuracy is None:
             continue  # no other output, or no figures: the gate's problems say why
         scopes = [(reference.accuracy.overall, found.accuracy.overall)]
         scopes += [(s, found.accuracy.slice(s.name)) for s in reference.accuracy.slices
                    if s.judged_count(spec.metric) >= spec.min_slice_size]  # fmt: skip
         for output in reference.accuracy.overall.kept:
-            if output == gated:
+            if output in gated:
                 continue
             for ref_scope, own_scope in scopes:
                 lost = lost_components(ref_scope, own_scope, output, len(scopes))[0] if own_scope else []
@@ -157,8 +157,7 @@ def other_output_kept_notes(results: SweepResults, spec: GateSpec, pairs: Sequen
                     kept = lost[0][1]
                     where = "overall" if ref_scope.name == "overall" else f"on slice {ref_scope.name}"
                     notes.append(f"{found.key}: output {output} lost {kept.component} {where} ({kept.rule}: FP32 "
-                                 f"{kept.reference:.4g}, the variant {kept.own:.4g}; not gated: gate.metric is "
-                                 f"{spec.metric})")  # fmt: skip
+                                 f"{kept.reference:.4g}, the variant {kept.own:.4g}; not gated: {gated_text(spec)})")
                     break
     return notes
 
@@ -189,23 +188,32 @@ def _joint_metrics(results: SweepResults) -> dict[str, tuple[str, ...]]:
             and isinstance(entry.get("outputs"), list) and all(isinstance(o, str) for o in entry["outputs"])}  # fmt: skip
 
 
-def _held(results: SweepResults, reference: VariantResult, metric: str) -> list[tuple[str, str]]:
+def gated_text(spec: GateSpec) -> str:
+    """'gate.metric is cls_acc', or 'gate.metrics are cls_acc, price_mae': what a note on an ungated figure cites."""
+    if len(spec.gated_metrics) == 1:
+        return f"gate.metric is {spec.metric}"
+    return f"gate.metrics are {', '.join(spec.gated_metrics)}"
+
+
+def _held(results: SweepResults, reference: VariantResult, metrics: Sequence[str]) -> list[tuple[str, str]]:
     """(metric, what it is of: "output aux's accuracy" or "price_mae (over price)") for each figure of FP32's that
-    holds an output the gated `metric` does not read: the gated kind on each other output, the recipe's own metrics
+    holds an output none of the gated `metrics` reads: a gated kind on each other output, the recipe's own metrics
     over other outputs only, and FALLBACK_KIND on an other output neither covers."""
-    gated, kind = gated_outputs(results, metric)
+    judged = [gated_outputs(results, metric) for metric in metrics]
+    if any(not outputs for outputs, _ in judged):  # a metric of every output (one evaluated): there is no other
+        return []
+    gated = frozenset().union(*(outputs for outputs, _ in judged))
+    kinds = list(dict.fromkeys(kind for _, kind in judged if kind))
     assert reference.accuracy is not None
     recorded = reference.accuracy.overall.metrics
-    if not gated:
-        return []
     joint = {name: outputs for name, outputs in _joint_metrics(results).items()
-             if name != metric and name in recorded and not gated & set(outputs)}  # fmt: skip
+             if name not in metrics and name in recorded and not gated & set(outputs)}  # fmt: skip
     covered = {output for outputs in joint.values() for output in outputs}
     held = []
     evaluated = dict.fromkeys(name.rpartition(OUTPUT_SEPARATOR)[0] for name in recorded if OUTPUT_SEPARATOR in name)
     for output in (o for o in evaluated if o not in gated):
-        kinds = [kind] + ([FALLBACK_KIND] if output not in covered else [])
-        own_kind = next((k for k in kinds if k and f"{output}{OUTPUT_SEPARATOR}{k}" in recorded), None)
+        held_kinds = kinds + ([FALLBACK_KIND] if output not in covered else [])
+        own_kind = next((k for k in held_kinds if f"{output}{OUTPUT_SEPARATOR}{k}" in recorded), None)
         if own_kind is not None:
             held.append((f"{output}{OUTPUT_SEPARATOR}{own_kind}", f"output {output}'s {own_kind}"))
     held += [(name, f"{name} (over {', '.join(outputs)})") for name, outputs in joint.items()]
@@ -221,9 +229,9 @@ def other_output_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tu
         reference, found = results.find(results.reference, backend), results.find(variant, backend)
         if reference is None or reference.accuracy is None or found is None or found.accuracy is None:
             continue  # no figures: the gate's problems say why
-        for metric, what in _held(results, reference, spec.metric):
+        for metric, what in _held(results, reference, spec.gated_metrics):
             note = _output_note(reference, found, _held_spec(spec, metric))
-            notes += [f"{found.key}: {what} dropped {note}; not gated: gate.metric is {spec.metric})"] if note else []
+            notes += [f"{found.key}: {what} dropped {note}; not gated: {gated_text(spec)})"] if note else []
     return notes
 
 
@@ -232,11 +240,15 @@ def _held_spec(spec: GateSpec, metric: str) -> GateSpec:
     another output ('aux/accuracy' beside 'logits/accuracy': the same units) or they are shares of FP32's figure
     (`gate.tolerance: relative`: shares of any metric); else that metric's own defaults (qbench.gate_tolerance), as the
     recipe's stated drops are in gate.metric's units: `max_drop: 0.05` meant for an accuracy held an MAE of 0.001 to
-    a drop of 0.05 (a fiftyfold rise unremarked) and an MAE of 100 to one of 0.05 (0.1 % remarked)."""
-    if metric.rpartition(OUTPUT_SEPARATOR)[2] == spec.metric.rpartition(OUTPUT_SEPARATOR)[2] \
-            or spec.tolerance == "relative":
-        return spec.model_copy(update={"metric": metric})
-    return spec.model_copy(update={"metric": metric, "max_drop": None, "max_slice_drop": None, "tolerance": "auto"})
+    a drop of 0.05 (a fiftyfold rise unremarked) and an MAE of 100 to one of 0.05 (0.1 % remarked). With several gated
+    metrics (gate.metrics), the tolerances of the first of `metric`'s kind."""
+    specs = spec.per_metric()
+    same = next((one for one in specs if one.metric.rpartition(OUTPUT_SEPARATOR)[2]
+                 == metric.rpartition(OUTPUT_SEPARATOR)[2]), None)  # fmt: skip
+    if same is not None or specs[0].tolerance == "relative":
+        return (same or specs[0]).model_copy(update={"metric": metric})
+    return specs[0].model_copy(update={"metric": metric, "max_drop": None, "max_slice_drop": None,
+                                       "tolerance": "auto"})  # fmt: skip
 
 
 def _output_note(reference: VariantResult, found: VariantResult, spec: GateSpec) -> str:

@@ -125,7 +125,7 @@ def skip_reason(check: GateCheck) -> str:
 def failure_reasons(report: GateReport) -> list[str]:
     """Why a verdict is no pass, in short phrases ('overall drop 0.0312 > 0.01', then each problem): what the INT8
     search and the fallback note against a candidate that failed."""
-    ordered = sorted(report.breaches, key=lambda c: c.metric != report.metric)  # the gate metric's drops first
+    ordered = sorted(report.breaches, key=lambda c: c.metric not in report.gated_metrics)  # gated metrics' first
     return [_short_breach(c, report.metric) for c in ordered] + list(report.problems)
 
 
@@ -153,12 +153,16 @@ def problem_owner(report: GateReport, problem: str) -> str | None:
 
 
 def _breaching_scopes(report: GateReport) -> dict[str, list[str]]:
-    """variant@backend → the scopes it breaches on, in the order the gate checked them."""
+    """variant@backend → the scopes it breaches on, in the order the gate checked them; where several metrics are
+    gated (gate.metrics), a gated metric's breach names its metric ('overall price_mae'), as one metric's checks
+    alone would not say which head the variant broke."""
     scopes: dict[str, list[str]] = {}
+    several = len(report.gated_metrics) > 1
     for check in report.breaches:
         own = scopes.setdefault(check_key(check), [])
-        if check.scope not in own:
-            own.append(check.scope)
+        scope = f"{check.scope} {check.metric}" if several and check.metric in report.gated_metrics else check.scope
+        if scope not in own:
+            own.append(scope)
     return scopes
 
 
@@ -269,6 +273,7 @@ def report_dict(report: GateReport) -> dict[str, Any]:
         "exit_code": report.exit_code,
         "summary": summary_line(report),
         "metric": report.metric,
+        "metrics": list(report.gated_metrics),  # every gated metric (gate.metrics), gate.metric first
         "gated": list(report.gated),
         "counts": {
             "checks": len(report.checks),

@@ -97,3 +97,23 @@ def reference_tolerances(reference: VariantResult | None, gate: GateSpec) -> Tol
     slices = {s.name: s.metrics.get(gate.metric, math.nan) for s in accuracy.slices
               if s.judged_count(gate.metric) >= gate.min_slice_size}  # fmt: skip
     return resolve_tolerances(gate, accuracy.overall.metrics.get(gate.metric, math.nan), slices)
+
+
+GivenTolerances = Tolerances | Mapping[str, Tolerances] | None
+"""Tolerances resolved once for many candidates judged against one FP32 figure (qbench.search): gate.metric's, or
+each gated metric's by name (`tolerances_by_metric`)."""
+
+
+def tolerances_by_metric(reference: VariantResult | None, gate: GateSpec,
+                         primary: Tolerances | None = None) -> dict[str, Tolerances]:  # fmt: skip
+    """`reference_tolerances` of each metric `gate` judges (gate.metrics), by name; gate.metric's `primary` where
+    they are resolved already."""
+    return {one.metric: primary if primary is not None and one.metric == gate.metric else
+            reference_tolerances(reference, one) for one in gate.per_metric()}  # fmt: skip
+
+
+def given_for(tolerances: GivenTolerances, one: GateSpec, gate: GateSpec) -> Tolerances | None:
+    """The resolved tolerances for gated metric `one` of `gate`; None where they are to be resolved against FP32."""
+    if tolerances is None or isinstance(tolerances, Tolerances):
+        return tolerances if one.metric == gate.metric else None
+    return tolerances.get(one.metric)

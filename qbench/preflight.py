@@ -350,16 +350,16 @@ def _pick_outputs(recipe: Recipe, task: Task, model: ModelInfo, labels: list[Any
 
 
 def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) -> None:
-    """The gate metric must be one the evaluated output gives (kl_mean needs scores, not class ids)."""
-    for choice in outputs:
-        prefix = f"{choice.name}/" if len(outputs) > 1 else ""
-        if not recipe.gate.metric.startswith(prefix):
-            continue
-        reason = task.metrics_not_computed(choice.meta).get(recipe.gate.metric.removeprefix(prefix))
-        if reason is not None:
-            raise RecipeError(
-                recipe.source, "gate.metric", f"{recipe.gate.metric!r} is not computed for output {choice.name!r}: {reason}"
-            )
+    """Each gated metric must be one the evaluated output gives (kl_mean needs scores, not class ids)."""
+    for index, metric in enumerate(recipe.gate.gated_metrics):
+        field = f"gate.metrics[{index}].metric" if recipe.gate.metrics else "gate.metric"
+        for choice in outputs:
+            prefix = f"{choice.name}/" if len(outputs) > 1 else ""
+            if not metric.startswith(prefix):
+                continue
+            reason = task.metrics_not_computed(choice.meta).get(metric.removeprefix(prefix))
+            if reason is not None:
+                raise RecipeError(recipe.source, field, f"{metric!r} is not computed for output {choice.name!r}: {reason}")
 
 
 def _labels(

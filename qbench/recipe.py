@@ -7,7 +7,6 @@ and the files the recipe names; checks that need the data or the model opened
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ from qbench.errors import RecipeError, expected_one_of, short_repr
 from qbench.recipe_data import DataSpec, path_field
 from qbench.recipe_errors import recipe_error
 from qbench.recipe_executor import BackendResources, ExecutorSpec, check_backend_resources, split_backend_entries
+from qbench.recipe_gate import GateSpec
 from qbench.recipe_metrics import MetricSpec, check_metrics, custom_metric_infos, default_gate_metric
 from qbench.recipe_registry import RegistrySpec, check_registry
 from qbench.recipe_search import SearchSpec, check_search
@@ -162,26 +162,6 @@ class LatencySpec(_Strict):
         if not v:
             raise ValueError("expected at least one batch size")
         return sorted(set(v))
-
-
-class GateSpec(_Strict):
-    metric: str = Field("accuracy", description="metric whose drop vs FP32 is gated")
-    # None: the default (0.01 overall, 0.02 per slice), absolute for a rate, a share of FP32's figure for a metric in
-    # the data's units (qbench.gate_tolerance, which every reader of these goes through)
-    max_drop: float | None = Field(None, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, overall")
-    max_slice_drop: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                         description="largest allowed drop vs FP32, on every slice")
-    tolerance: Literal["auto", "absolute", "relative"] = Field(
-        "auto", description="absolute: drops in the metric's units; relative: shares of FP32's overall figure; "
-                            "auto: stated drops absolute, defaults relative for a metric in the data's units")
-    applies_to: list[str] = Field(["*"], description="globs over variant names")
-    min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
-    unresolved: Literal["fail", "note"] = Field(
-        "fail", description="a pass on too few rows to resolve the tolerance (qbench.gate_resolution): fail: "
-                            "cannot be judged (exit 2); note: a pass with a note")
-
-    def applies(self, variant_name: str) -> bool:
-        return any(fnmatch.fnmatchcase(variant_name, pattern) for pattern in self.applies_to)
 
 
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")

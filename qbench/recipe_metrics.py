@@ -60,7 +60,8 @@ def default_gate_metric(data: Any) -> Any:
     if not isinstance(data, dict):
         return data
     task, gate = data.get("task", "classification"), data.get("gate", {})
-    if not (isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate):
+    if not (isinstance(task, str) and task in TASKS and isinstance(gate, dict) and "metric" not in gate
+            and gate.get("metrics") is None):  # gate.metrics: its first entry is gate.metric
         return data
     metric, per_output = TASKS.get(task).default_gate_metric, not TASKS.get(task).together
     if metric is None:
@@ -103,8 +104,10 @@ def check_metrics(recipe: Recipe) -> None:
         raise ValueError(f"gate.metric: not set, and task {recipe.task!r} evaluates several outputs "
                          f"({', '.join(outputs)}), each "
                          f"with its own metrics named 'output/metric'; expected one of {', '.join(sorted(allowed))}")
-    if recipe.gate.metric not in allowed:
-        raise ValueError(f"gate.metric: {expected_one_of(recipe.gate.metric, allowed)} for task {recipe.task!r}")
+    for index, metric in enumerate(recipe.gate.gated_metrics):
+        field = f"gate.metrics[{index}].metric" if recipe.gate.metrics else "gate.metric"
+        if metric not in allowed:
+            raise ValueError(f"{field}: {expected_one_of(metric, allowed)} for task {recipe.task!r}")
 
 
 def _check_metric_outputs(recipe: Recipe) -> None:

@@ -266,7 +266,7 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None, passing_rows:
     checks = sorted(gate.checks, key=lambda c: _CHECK_ORDER.get(c.status, 3))
     small = [id(c) for c in checks if c.status == "skipped" and c.reason in ("", UNDER_MIN_SIZE)]
     unlisted = set(small[small_rows:]) if small_rows is not None else set()
-    passing = [c for c in checks if c.status == "pass" and c.scope != "overall" and c.metric == gate.metric]
+    passing = [c for c in checks if c.status == "pass" and c.scope != "overall" and c.metric in gate.gated_metrics]
     passing.sort(key=lambda c: -c.drop / c.tolerance if c.tolerance > 0 and math.isfinite(c.drop) else -math.inf)
     unlisted_passes = {id(c) for c in passing[passing_rows:]} if passing_rows is not None else set()
     checks = [c for c in checks if id(c) not in unlisted | unlisted_passes]
@@ -287,7 +287,7 @@ def _gate_grid(gate: GateReport, *, small_rows: int | None = None, passing_rows:
         footer = ["no variant was gated"]
     rows = [_check_row(c, with_metric=with_metric) for c in checks]
     style = "red" if gate.problems else "dim"
-    return Grid(f"Gate on {gate.metric}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style=style)
+    return Grid(f"Gate on {gate.metric_text}: {_verdict(gate)}", headers, rows, numeric, footer, footer_style=style)
 
 
 def gate_table(gate: GateReport, *, notes: bool = True, every_pass: bool = True) -> Table:
@@ -372,7 +372,9 @@ def _header(results: SweepResults) -> str:
         f"- **Software:** Python {env.get('python', '?')}, {runtimes or 'no runtime recorded'}; "
         f"{env.get('platform', '')}",
         f"- **Threads (intra-op):** {', '.join(threads) or 'not measured'}; {_usable_cpus(env)}",
-        f"- **Reference:** {results.reference}; **gate metric:** {results.gate_metric}; "
+        f"- **Reference:** {results.reference}; "
+        f"**{'gate metrics' if results.gate_metrics else 'gate metric'}:** "
+        f"{', '.join(results.gate_metrics or (results.gate_metric,))}; "
         f"**evaluation rows:** {results.evaluation_rows}",
     ]
     for what, counts in results.dropped_nonfinite.items():

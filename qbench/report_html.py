@@ -67,7 +67,7 @@ def _verdict_section(gate: GateReport | None) -> str:
     word = verdict_word(gate)
     judged = [c for c in gate.checks if c.status != "skipped"]
     lines = [f'<section id="verdict" class="verdict {word.lower()}" data-verdict="{word}">',
-             f"<h2>Gate on {escape(gate.metric)}: {word}</h2>",
+             f"<h2>Gate on {escape(gate.metric_text)}: {word}</h2>",
              f"<p>{len(gate.gated)} variant × backend pairs gated, {len(judged)} checks judged, "
              f"{len(gate.breaches)} breaches, {len(gate.problems)} problems that make results unusable.</p>"]  # fmt: skip
     if gate.breaches:
@@ -167,7 +167,9 @@ def _header(results: SweepResults) -> str:
     recipe = results.recipe
     name = escape(str(recipe.get("name", "")))
     facts = (f"created {escape(results.created_at)} with qbench {escape(results.qbench_version)}; "
-             f"reference {escape(results.reference)}; gate metric {escape(results.gate_metric)}; "
+             f"reference {escape(results.reference)}; "
+             f"{'gate metrics' if results.gate_metrics else 'gate metric'} "
+             f"{escape(', '.join(results.gate_metrics or (results.gate_metric,)))}; "
              f"{results.evaluation_rows} evaluation rows; recipe {escape(str(recipe.get('path', '')))}")  # fmt: skip
     return f"<h1>qbench report: {name}</h1>\n<p class=\"meta\">{facts}</p>"
 

@@ -5,7 +5,8 @@ Schema (version 1), documented in reports/README.md:
     SweepResults
       schema_version, qbench_version, created_at, recipe {name, path, sha256, task},
       environment {...}, calibration CalibrationRecord, evaluation_rows,
-      gate_metric, reference, variants [VariantResult], frontier [FrontierPoint],
+      gate_metric, gate_metrics [every gated metric, gate_metric first, where gate.metrics gates several; absent in
+      results from before: gate_metric alone], reference, variants [VariantResult], frontier [FrontierPoint],
       timings {phase: seconds} (prepare, build, store, track, inference, simulation, jobs, ranges, report, total),
       dropped_nonfinite {evaluation|calibration: {input column: rows left out for NaN/inf}},
       kept_nonfinite {evaluation|calibration|selection|slice:<name>: {input column: rows fed with NaN/inf}},
@@ -270,6 +271,9 @@ class SweepResults:
     # the kinds of evidence the sweep recorded (qbench.results_evidence): a check whose kind is missing cannot be
     # applied, as in results written before qbench recorded it
     evidence: tuple[str, ...] = RECORDED
+    # every gated metric (gate.metrics), gate_metric first, where the recipe gates several; () for one (and in results
+    # written before qbench gated several)
+    gate_metrics: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
 
     def find(self, variant: str, backend: str) -> VariantResult | None:
@@ -422,6 +426,7 @@ def from_dict(raw: dict[str, Any]) -> SweepResults:
         finished_at=raw.get("finished_at"),
         search=search_from_dict(raw.get("search"), "search"),
         evidence=evidence_from_dict(raw.get("evidence")),
+        gate_metrics=tuple(str(m) for m in raw.get("gate_metrics") or ()),
     )
 
 

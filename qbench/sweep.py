@@ -370,6 +370,7 @@ def _assemble(
         calibration=prepared.calibration,
         evaluation_rows=len(prepared.evaluation_rows),
         gate_metric=recipe.gate.metric,
+        gate_metrics=recipe.gate.gated_metrics if recipe.gate.metrics else (),
         reference=recipe.all_variants()[0].name,
         variants=tuple(variants),
         frontier=compute_frontier(variants, recipe.gate.metric),

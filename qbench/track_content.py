@@ -268,8 +268,18 @@ def _stability_param(stability: StabilitySpec | None) -> str:
 
 def _tolerance_params(results: SweepResults, gate: GateSpec) -> dict[str, str]:
     """The gate's tolerances as judged (on the first backend with a finite FP32 figure), and how they were formed
-    when they are shares of FP32's figure."""
-    resolved = gate_tolerances(results, gate)
+    when they are shares of FP32's figure; with several gated metrics (gate.metrics), each further one's as
+    `gate.<metric>.max_drop` and so on."""
+    specs = gate.per_metric()
+    params = _one_metric_tolerances(results, specs[0], None)
+    for one in specs[1:]:
+        params |= {key.replace("gate.", f"gate.{one.metric}.", 1): value
+                   for key, value in _one_metric_tolerances(results, one, one.metric).items()}  # fmt: skip
+    return params
+
+
+def _one_metric_tolerances(results: SweepResults, gate: GateSpec, metric: str | None) -> dict[str, str]:
+    resolved = gate_tolerances(results, gate, metric)
     if resolved is None:
         unformed = "not formed (FP32's figure is 0 or not finite: see the gate)"
         return {"gate.max_drop": unformed, "gate.max_slice_drop": unformed, "gate.tolerance": gate.tolerance}
@@ -290,6 +300,7 @@ def sweep_params(results: SweepResults, recipe: Recipe) -> dict[str, str]:
         "reference": results.reference,
         "backends": ",".join(results.backends()),
         "gate.metric": gate.metric,
+        **({"gate.metrics": ",".join(gate.gated_metrics)} if gate.metrics else {}),
         **_tolerance_params(results, gate),
         "gate.applies_to": ",".join(gate.applies_to),
         "gate.min_slice_size": str(gate.min_slice_size),

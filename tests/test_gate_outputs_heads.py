@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 import yaml
 
-from qbench.gate import EXIT_PASS, evaluate_gate
+from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate
 from qbench.gate_run import run_gate
 from qbench.recipe import GateSpec, load_recipe
 from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
@@ -47,7 +48,8 @@ def _two_head_project(tmp_path: Path) -> Path:
     classes = np.argmax(features[:, :3], axis=1)
     target = features @ onnx.numpy_helper.to_array(weights[1]) * 10 + 1000 + rng.normal(scale=0.1, size=400)
     pd.DataFrame({"x": list(features), "both": [[int(c), float(t)] for c, t in zip(classes, target, strict=True)],
-                  "split": ["calib" if row % 4 == 0 else "eval" for row in range(400)]}).to_parquet(tmp_path / "d.parquet")  # fmt: skip
+                  "split": ["calib" if row % 4 == 0 else "eval" for row in range(400)],
+                  "grp": ["a" if row % 2 else "b" for row in range(400)]}).to_parquet(tmp_path / "d.parquet")  # fmt: skip
     (tmp_path / "heads_metrics.py").write_text(METRICS)
     body = {"name": "heads", "task": "structured", "model": {"path": "m.onnx", "outputs": ["logits", "price"]},
             "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "both",
@@ -84,6 +86,43 @@ def test_a_head_another_metric_of_the_recipe_reads_is_noted_when_the_gated_head_
     assert reference < 0.2 and own > 1.0 and abs(dropped - (own - reference)) < 1e-3
     assert abs(tolerance - 0.01 * reference) < 1e-6  # price_mae's own default: 1 % of FP32's, not cls_acc's 0.05
     assert not [n for n in report.notes if "cls_acc (over" in n or "output logits" in n]  # the gated head: no note
+
+
+def test_gated_on_both_heads_a_variant_that_ruins_the_regression_head_breaches_naming_its_metric(tmp_path):
+    """The same model and INT8 build, the recipe gating both heads (gate.metrics) and judging the slices grp=a and
+    grp=b: `qbench gate` exits 1, its breaches price_mae's, overall and on each slice (held to price_mae's own
+    defaults, 1 % and 2 % of FP32's figure), cls_acc passing everywhere; the JSON report lists both metrics."""
+    import json
+
+    from qbench.cli_app import main
+
+    recipe = _two_head_project(tmp_path)
+    body = yaml.safe_load(recipe.read_text())
+    body["data"]["slices"] = [{"by": "grp"}]
+    body["gate"] = {"metrics": [{"metric": "cls_acc", "max_drop": 0.05, "max_slice_drop": 0.05}, "price_mae"]}
+    recipe.write_text(yaml.safe_dump(body))
+    assert main(["sweep", str(recipe), "--no-track"]) == EXIT_PASS
+    assert main(["gate", str(recipe), "--json", str(tmp_path / "gate.json")]) == EXIT_BREACH
+    report = json.loads((tmp_path / "gate.json").read_text())
+    assert report["metrics"] == ["cls_acc", "price_mae"]
+    checks = {(c["scope"], c["metric"]): c for c in report["checks"]}
+    assert {key: c["status"] for key, c in checks.items() if key[1] == "cls_acc"} == {
+        ("overall", "cls_acc"): "pass", ("grp=a", "cls_acc"): "pass", ("grp=b", "cls_acc"): "pass"}
+    breaches = {key for key, c in checks.items() if c["status"] == "breach"}
+    assert breaches == {("overall", "price_mae"), ("grp=a", "price_mae"), ("grp=b", "price_mae")}
+    overall = checks[("overall", "price_mae")]
+    assert overall["reference"] < 0.2 and overall["observed"] > 1.0
+    assert overall["tolerance"] == pytest.approx(0.01 * overall["reference"])
+    assert "price_mae" in report["summary"] and not [n for n in report["notes"] if "dropped" in n]
+    from qbench.results import read_results
+    from qbench.track_content import sweep_params
+
+    folder = next((tmp_path / "reports" / "heads").iterdir())
+    assert read_results(folder / "results.json").gate_metrics == ("cls_acc", "price_mae")
+    assert "## Gate on cls_acc, price_mae: BREACH" in (folder / "report.md").read_text()
+    params = sweep_params(read_results(folder / "results.json"), load_recipe(recipe))  # MLflow's
+    assert params["gate.metrics"] == "cls_acc,price_mae" and params["gate.max_drop"] == "0.05"
+    assert float(params["gate.price_mae.max_drop"]) == pytest.approx(overall["tolerance"], rel=1e-5)
 
 
 def _result(name: str, metrics: dict[str, float]) -> VariantResult:

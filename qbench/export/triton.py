@@ -247,7 +247,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         "",
         f"Exported by qbench {qbench.__version__} from the sweep of {results.created_at}: variant "
         f"`{measured.variant}` ({measured.precision}) as measured on `{measured.backend}`.",
-        f"Gate on {results.gate_metric}: **{verdict.status}**" + (f" ({verdict.reason})" if verdict.reason else "") + ".",
+        f"Gate on {', '.join(results.gate_metrics or (results.gate_metric,))}: **{verdict.status}**" + (f" ({verdict.reason})" if verdict.reason else "") + ".",
     ]
     if forced and verdict.status != "pass":
         lines += ["", "**Exported with --force: this variant did not pass the gate.**"]

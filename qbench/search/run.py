@@ -46,7 +46,7 @@ from qbench.files import write_fault
 from qbench.gate import GateReport, judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
-from qbench.gate_tolerance import reference_tolerances
+from qbench.gate_tolerance import Tolerances, reference_tolerances, tolerances_by_metric
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
@@ -188,7 +188,7 @@ class _Search:
             self.records[index] = record
             self._failed_to_run(index, measured.result.error)
             return index
-        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.tolerances, self.screen.distinct_inputs)
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
@@ -211,6 +211,9 @@ class _Search:
             self.fp32_timings.append(p50)
         return p50 or self.fp32_p50
 
+    def gated_tolerances(self) -> dict[str, Tolerances]:  # each gated metric's (gate.metrics) on the rows chosen on
+        return tolerances_by_metric(self.fp32.result, self.gate, self.tolerances)
+
     def tie(self) -> float:
         """The margin within which screening estimates cannot rank two candidates: TIE, or the noise FP32's own
         timings showed over the search when that is more (select.timing_noise)."""
@@ -230,7 +233,7 @@ class _Search:
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
-        verdict = judge(self.fp32.result, measured.result, self.gate, self.tolerances, self.rows.distinct_inputs)
+        verdict = judge(self.fp32.result, measured.result, self.gate, self.gated_tolerances(), self.rows.distinct_inputs)
         slice_name, slice_drop = worst_slice(verdict)
         passed = verdict.exit_code == 0
         unresolved = unresolved_reasons(passed, verdict)

@@ -46,14 +46,16 @@ def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResu
     rows) is judged as the gate will judge it."""
     if verdict.problems or result.accuracy is None:
         return math.inf
-    share = (info := METRICS.get(verdict.metric)) is not None and info.share_of_rows
     checks = []
     for c in verdict.checks:
         if c.status == "skipped" or c.scope == "slo":
             continue
+        # a gated metric's check (gate.metrics) by its own kind of drop; any other check as gate.metric's
+        metric = c.metric if c.metric in verdict.gated_metrics else verdict.metric
+        share = (info := METRICS.get(metric)) is not None and info.share_of_rows
         scope, whole = (_scope(accuracy, c.scope) for accuracy in (result.accuracy, full))
         sampled = share and scope is not None and whole is not None and scope.size < whole.size
-        count = scope.denominators.get(verdict.metric, scope.size) if sampled and scope is not None else 0
+        count = scope.denominators.get(metric, scope.size) if sampled and scope is not None else 0
         checks.append((select.beyond_one_unit(c.drop, count), c.tolerance))
     return select.excess(checks)
 

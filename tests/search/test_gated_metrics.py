@@ -1,0 +1,55 @@
+"""The INT8 search with several gated metrics (gate.metrics): a candidate passes only on every one. Before, it judged
+gate.metric alone and kept the fastest candidate that ruined the other head."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from qbench.gate_tolerance import reference_tolerances
+from qbench.recipe import GateSpec
+from qbench.results import AccuracyResult, SliceMetrics, VariantResult
+from qbench.results_search import CandidateRecord
+from qbench.search import run, select
+from qbench.validate.measure import Rows
+
+ROWS = 400
+# accuracy of the class head and the regression head's MAE: "fast" keeps the classes and ruins the MAE (0.1 -> 0.5)
+FIGURES = {"fp32": {"accuracy": 0.9, "mae": 0.1}, "fast": {"accuracy": 0.9, "mae": 0.5},
+           "slow": {"accuracy": 0.9, "mae": 0.1001}}  # fmt: skip
+
+
+def _result(name: str) -> VariantResult:
+    overall = SliceMetrics("overall", ROWS, FIGURES[name])
+    return VariantResult(variant=name, backend="cpu", precision=name, status="ok",
+                         accuracy=AccuracyResult(rows=ROWS, nonfinite_outputs=0, overall=overall))  # fmt: skip
+
+
+def _search(monkeypatch, gate: GateSpec) -> run._Search:
+    """Screened candidates "fast" (2.0x) and "slow" (1.5x), each evaluated in full by the real gate."""
+    fp32 = _result("fp32")
+    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=_result(built)))
+    search = object.__new__(run._Search)
+    search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
+                      for label, speed in (("fast", 2.0), ("slow", 1.5))]  # fmt: skip
+    search.built = {0: "fast", 1: "slow"}
+    search.gate, search.fp32 = gate, SimpleNamespace(result=fp32, reference="fp32 outputs")
+    search.tolerances = reference_tolerances(fp32, gate)
+    search.fp32_timings, search.within_budget = [], lambda what: True
+    search.backend = search.prepared = search.clock = None
+    search.rows = Rows({}, None, {}, 1, None)
+    return search
+
+
+def test_the_search_keeps_the_fastest_candidate_passing_every_gated_metric(monkeypatch):
+    both = GateSpec.model_validate({"metrics": ["accuracy", {"metric": "mae", "max_drop": 0.01}], "unresolved": "note"})
+    search = _search(monkeypatch, both)
+    search.evaluate_promising()
+    fast, slow = search.records
+    assert not fast.passed and "mae" in fast.verdict and fast.excess == 40.0  # (0.5 - 0.1) / 0.01
+    assert slow.passed and select.choose(search.records) == 1
+
+
+def test_gated_on_accuracy_alone_the_fastest_is_kept_as_before(monkeypatch):
+    search = _search(monkeypatch, GateSpec(metric="accuracy", unresolved="note"))
+    search.evaluate_promising()
+    assert search.records[0].passed and select.choose(search.records) == 0
