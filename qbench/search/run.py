@@ -2,9 +2,8 @@
 
     outcome = run_search(prepared, backend, fp32, recipe.search, models_dir)   # called by the sweep
 
-1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few
-   screening rows (every slice represented) with a quick timing at the recipe's batch sizes:
-   its gate excess there and its speed-up over FP32 (timed the same way).
+1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few screening rows (every
+   slice represented), timed quickly at the recipe's batch sizes: its gate excess there and speed-up over FP32.
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
    candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
@@ -19,9 +18,9 @@
    the closest is evaluated in full if it was only screened (it may pass after all), then kept (the gate then fails
    it) and the report says what it would need.
 
-A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: nothing to quantize, or every
-quantized node kept float) is "not applicable": it is never measured, so it can neither pass nor be kept.
-Only files of the search's own folder are moved or removed.
+A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: nothing to quantize, or every quantized
+node kept float) is "not applicable": never measured, it can neither pass nor be kept. Only files of the search's own
+folder are moved or removed.
 
 No new step starts once `time_budget_s` is spent (but candidates run until one is measured, and the passing candidates'
 first re-timing rounds: a pick's speed-up is never its one screening estimate). Every candidate's figures and
