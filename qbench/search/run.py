@@ -7,11 +7,10 @@
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
    candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
-3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes
-   are ranked by the noise each adds (per-layer SQNR, one pass of a static Q/DQ build on the screening rows) and
-   the fastest such failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to
-   `max_keep_float`, and never every node the candidate quantized: that would be the FP32 model), until one passes
-   or could no longer be the fastest.
+3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
+   ranked by the noise each adds (per-layer SQNR on the screening rows, qbench.search.ranking) and the fastest such
+   failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
+   every node the candidate quantized: that would be the FP32 model), until one passes or could no longer be fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds, more of them while the
    budget has room and they disagree: qbench.search.retime) and the fastest is kept (candidates dismissed against a
    screening estimate the re-timing lowered are evaluated then, and the finalists re-timed again); when none passes,
