@@ -83,6 +83,39 @@ def test_a_declared_scalar_output_is_never_a_candidate(tmp_path, task: str) -> N
         choose_outputs(get_task(task), model, ["total"])
 
 
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_candidate(tmp_path, task: str) -> None:
+    """A batch statistic kept as `[1]` (ReduceMean with keepdims over the batch's best scores) gives one value per
+    call, whatever the rows: it tied with the scores (a recipe naming no output was refused), and named it failed the
+    run check as an output to 'return batch-first'. A fixed-batch model's `[1, 5]` output stays its rows."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    def save(rows: str | int, stat: list) -> ModelInfo:
+        weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+             helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMean", ["best"], ["mean_score"], axes=[0], keepdims=1)],
+            "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 3])],
+            [helper.make_tensor_value_info("mean_score", TensorProto.FLOAT, stat),
+             helper.make_tensor_value_info("scores", TensorProto.FLOAT, [rows, 5])], [weight])  # fmt: skip
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+        return read_model_info(tmp_path / "m.onnx")
+
+    model = save("batch", [1])
+    [choice] = choose_outputs(get_task(task), model, None)
+    assert (choice.name, choice.index) == ("scores", 1)
+    with pytest.raises(QbenchError, match=r"^output 'mean_score' of shape \[1\] has a fixed axis 0 of 1 where input 'x' "
+                                          r"takes its rows on a dynamic axis 0 \('batch'\): it gives 1 per call .*"
+                                          r"outputs it can read: scores"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["mean_score"])
+    fixed = save(1, [1, 5])  # a batch of exactly one row: its axis 0 is that row
+    assert choose_outputs(get_task(task), fixed, ["mean_score"])[0].name == "mean_score"
+
+
 def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
     unshaped = TensorMeta("unshaped", np.dtype("float32"), ())  # what its runs give is checked then
     assert choose_outputs(get_task("classification"), _model(unshaped), None)[0].name == "unshaped"
