@@ -110,6 +110,7 @@ class Task(ABC):
     default_gate_metric: ClassVar[str | None]  # None: the recipe's first custom metric
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
     decides_by_argmax: ClassVar[bool] = False  # rows decides among score columns by their arg-max
+    columns_are_classes: ClassVar[bool] = False  # an output's last axis is its classes (labels): never an input length
     labels_may_be_fed: ClassVar[bool] = False
     """Whether a label column may also feed a model input: a reconstruction (an autoencoder) is judged against the
     input it was fed. Where labels are classes, token tags or spans, a fed label is the answer itself (a leak)."""

@@ -108,12 +108,36 @@ def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_can
     model = save("batch", [1])
     [choice] = choose_outputs(get_task(task), model, None)
     assert (choice.name, choice.index) == ("scores", 1)
-    with pytest.raises(QbenchError, match=r"^output 'mean_score' of shape \[1\] has a fixed axis 0 of 1 where input 'x' "
-                                          r"takes its rows on a dynamic axis 0 \('batch'\): it gives 1 per call .*"
+    with pytest.raises(QbenchError, match=r"^output 'mean_score' of shape \[1\] is fixed where input 'x' takes its "
+                                          r"rows on a dynamic axis 0 \('batch'\): it gives 1 on axis 0 per call .*"
                                           r"outputs it can read: scores"):  # fmt: skip
         choose_outputs(get_task(task), model, ["mean_score"])
     fixed = save(1, [1, 5])  # a batch of exactly one row: its axis 0 is that row
     assert choose_outputs(get_task(task), fixed, ["mean_score"])[0].name == "mean_score"
+
+
+@pytest.mark.parametrize("task", ["classification", "multilabel"])
+def test_an_axis_as_long_as_the_inputs_is_never_read_as_classes(task: str) -> None:
+    """Token scores `[batch, seq]` with padding and an attention map `[batch, seq, seq]`: classification read the
+    positions as classes (labels per row: the arg-max position, FP32 0.18 and every variant passed; token labels:
+    the attention map as per-token class scores). A fixed class axis beside them is read."""
+    ids = TensorMeta("ids", np.dtype("int64"), (None, None), dim_names=("batch", "seq"))
+    scores = TensorMeta("token_scores", np.dtype("float32"), (None, None), dim_names=("batch", "seq"))
+    attn = TensorMeta("attn", np.dtype("float32"), (None, None, None), dim_names=("batch", "seq", "seq"))
+    own = TensorMeta("pairs", np.dtype("float32"), (None, 4, None), dim_names=("batch", None, "k"))
+    fixed = TensorMeta("logits", np.dtype("float32"), (None, 3), dim_names=("batch", None))
+    model = ModelInfo(inputs={"ids": ids}, outputs={o.name: o for o in (scores, attn, fixed)}, opset=17)
+    assert [c.name for c in choose_outputs(get_task(task), model, None)] == ["logits"]
+    with pytest.raises(QbenchError, match=r"^output 'token_scores' of shape \['batch', 'seq'\] has on its last axis a "
+                                          r"length of the inputs \('seq', axis 1 of input 'ids'\), not a fixed set of "
+                                          r"classes: .*outputs it can read: logits"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["token_scores"])
+    alone = ModelInfo(inputs={"ids": ids}, outputs={"attn": attn, "pairs": own}, opset=17)
+    with pytest.raises(QbenchError, match=r"output 'attn' .* \('seq', axis 1 of input 'ids'\)"):
+        choose_outputs(get_task(task), alone, ["attn"])
+    if task == "classification":  # a symbolic class axis no input carries stays classes (checked against FP32's width)
+        assert choose_outputs(get_task(task), alone, ["pairs"])[0].name == "pairs"
+    assert choose_outputs(get_task("regression"), model, ["token_scores"])[0].name == "token_scores"
 
 
 def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
