@@ -161,13 +161,14 @@ ACROSS_ROWS = ("its values pair each row with every row of the batch (a similari
 
 
 def _rows_fixed(model: ModelInfo, meta: TensorMeta) -> str | None:
-    """Why `meta` gives no row per input row though its rank says nothing against it: the graph fixes every axis of
-    it (`[1]`, `[1, 3]`) where every input takes its rows on a dynamic axis 0, so its length stays whatever the batch (a
-    statistic of the whole batch: its mean score). A fixed-batch model (an input's axis 0 static) is left alone, and
-    so is an output with a dynamic axis (`[3, None]`: the run check tells whether the rows are there)."""
+    """Why `meta` gives no row per input row though its rank says nothing against it: the graph computes every axis
+    of it static (`[1]`, `[1, 3]`: TensorMeta.fixed) where every input takes its rows on a dynamic axis 0, so its
+    length stays whatever the batch (a statistic of the whole batch: its mean score). A fixed-batch model (an input's
+    axis 0 static) is left alone, and so is an output with a dynamic axis (`[3, None]`: the run check tells whether
+    the rows are there) or one a converter declares static that inference cannot confirm."""
     dynamic = [name for name, m in model.inputs.items() if m.shape and m.shape[0] is None]
     fixed_batch = any(m.shape and m.shape[0] is not None for m in model.inputs.values())
-    if meta.kind != "tensor" or not meta.shape or None in meta.shape or not dynamic or fixed_batch:
+    if meta.kind != "tensor" or not meta.fixed or not dynamic or fixed_batch:
         return None
     symbol = model.inputs[dynamic[0]].dim_names[:1]
     axis = f"a dynamic axis 0 ({symbol[0]!r})" if symbol and symbol[0] else "a dynamic axis 0"

@@ -98,14 +98,18 @@ def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_can
         graph = helper.make_graph(
             [helper.make_node("MatMul", ["x", "w"], ["scores"]),
              helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
-             helper.make_node("ReduceMean", ["best"], ["mean_score"], axes=[0], keepdims=1)],
+             helper.make_node("ReduceMean", ["best"], ["mean_score"], axes=[0], keepdims=1),
+             helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0)],
             "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 3])],
             [helper.make_tensor_value_info("mean_score", TensorProto.FLOAT, stat),
-             helper.make_tensor_value_info("scores", TensorProto.FLOAT, [rows, 5])], [weight])  # fmt: skip
+             helper.make_tensor_value_info("scores", TensorProto.FLOAT, [rows, 5]),
+             helper.make_tensor_value_info("label", TensorProto.INT64, [1])], [weight])  # fmt: skip
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
         return read_model_info(tmp_path / "m.onnx")
 
     model = save("batch", [1])
+    # declared [1] as onnxmltools declares a LightGBM label, computed one per row: the graph, not the declaration
+    assert (model.outputs["mean_score"].fixed, model.outputs["label"].fixed) == (True, False)
     [choice] = choose_outputs(get_task(task), model, None)
     assert (choice.name, choice.index) == ("scores", 1)
     with pytest.raises(QbenchError, match=r"^output 'mean_score' of shape \[1\] is fixed where input 'x' takes its "
