@@ -324,5 +324,7 @@ def float_output_problem(task: str, output: TensorMeta) -> str | None:
     if output.kind != "tensor":
         return f"output {output.name!r} is a {output.type_name}, not a float tensor: task {task!r} cannot read it"
     if not is_float(output):
-        return f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only"
+        return (f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only; expected "
+                "the float output before the Cast (model.output), task classification for class ids, or task "
+                "structured, which compares integer values with FP32's as integers")
     return None

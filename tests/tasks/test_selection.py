@@ -144,6 +144,17 @@ def test_an_axis_as_long_as_the_inputs_is_never_read_as_classes(task: str) -> No
     assert choose_outputs(get_task("regression"), model, ["token_scores"])[0].name == "token_scores"
 
 
+@pytest.mark.parametrize("task", ["embedding", "regression", "multilabel"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "bool"])
+def test_an_integer_output_of_a_float_task_is_refused_with_what_reads_it(task: str, dtype: str) -> None:
+    """A score an exporter casts to int8 (or a `y > 0` flag): the refusal said what the task reads, not what to do."""
+    cast = TensorMeta("y", np.dtype(dtype), (None, 1))
+    with pytest.raises(QbenchError, match=rf"^output 'y' holds {dtype} values: task '{task}' reads float outputs only; "
+                                          r"expected the float output before the Cast \(model.output\), task "
+                                          r"classification for class ids, or task structured"):  # fmt: skip
+        choose_outputs(get_task(task), _model(cast, EMBEDDING), ["y"])
+
+
 def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
     unshaped = TensorMeta("unshaped", np.dtype("float32"), ())  # what its runs give is checked then
     assert choose_outputs(get_task("classification"), _model(unshaped), None)[0].name == "unshaped"
