@@ -56,6 +56,7 @@ class TensorMeta:
     dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
     scalar: bool = False  # the graph declares a shape of rank 0 (shape () alone may also mean no shape stated)
     constant: bool = False  # computed from no graph input (an initializer, a Constant): the same whatever the rows
+    fixed: bool = False  # every axis static as the graph computes it (onnx's inference agrees with the declaration)
 
     def shape_text(self) -> str:
         """The shape with dynamic dims by name where the graph names them: [8, 'batch', 6]."""
@@ -100,6 +101,7 @@ def read_model_info(path: Path) -> ModelInfo:
     producers = {out: node for node in model.graph.node for out in node.output}
     facts = score_facts(model)
     fed = _fed_by_inputs(model.graph, set(inputs))
+    fixed = _fixed_by_graph(model)
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
@@ -114,11 +116,38 @@ def read_model_info(path: Path) -> ModelInfo:
             meta = dataclasses.replace(meta, class_keys=keys, log_probabilities=value.name in facts.log_probabilities,
                                        class_count=facts.id_counts.get(value.name))  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
-        outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed)
+        outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed,
+                                                  fixed=value.name in fixed)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     inner = {name: node.op_type for name, node in producers.items() if name and name not in outputs}
     defaulted = tuple(v.name for v in model.graph.input if v.name in initializers)
     return ModelInfo(inputs=inputs, outputs=outputs, opset=opset, inner=inner, defaulted=defaulted)
+
+
+def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:
+    """The outputs declared with every axis static ([1], [1, 3]) whose shape onnx's inference computes the same from
+    the graph, their declarations set aside: a converter's declaration alone may be wrong (onnxmltools declares a
+    LightGBM classifier's `label` [1], which runs one per row)."""
+    from onnx import shape_inference
+
+    from qbench.onnx_read import typing_skeleton
+
+    declared = {v.name: dims for v in model.graph.output if v.type.WhichOneof("value") == "tensor_type"
+                and (dims := tuple(d.dim_value if d.HasField("dim_value") else None
+                                   for d in v.type.tensor_type.shape.dim)) and None not in dims}  # fmt: skip
+    if not declared:
+        return set()
+    skeleton = typing_skeleton(model)
+    for value in skeleton.graph.output:
+        if value.name in declared:
+            value.type.tensor_type.ClearField("shape")
+    try:
+        inferred = shape_inference.infer_shapes(skeleton)
+    except Exception:  # noqa: BLE001 - a graph onnx cannot infer states nothing: the run check judges its outputs
+        return set()
+    return {v.name for v in inferred.graph.output if v.name in declared and v.type.tensor_type.HasField("shape")
+            and tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
+            == declared[v.name]}  # fmt: skip
 
 
 def _read_as_positions(meta: TensorMeta, table: tuple[int | str, ...] | None) -> bool:

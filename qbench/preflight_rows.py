@@ -106,8 +106,7 @@ def _check_rows(
     agreement.rows = size
     for name, values in reference.items():
         if values.ndim == 0 or len(values) != size:  # a batch on another axis: square batches would be read transposed
-            remedy = variable_length(_graph(path), name) or (f"so make the model return it batch-first"
-                                                      f"{_output_axis_hint(name, values, size)}")  # fmt: skip
+            remedy = variable_length(_graph(path), name) or _per_call(name, values, size)
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
                               f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
@@ -291,6 +290,18 @@ def _inputs(model: ModelInfo, batch: int | None) -> str:
     plural = "s" if len(model.inputs) > 1 else ""
     taken = f" (axis 0 taken as a fixed batch of {batch})" if batch is not None else ""
     return f"model input{plural} {shown}{taken}"
+
+
+def _per_call(name: str, values: np.ndarray, size: int) -> str:
+    """How to return an output with another length than the rows on axis 0: batch-first where a later axis holds the
+    rows (sequence-first, transposed); else, with fewer values than rows there, it is per call, as a statistic of the
+    whole batch (its mean score, shape [] or [1]), for which 'batch-first' was no advice."""
+    hint = _output_axis_hint(name, values, size)
+    if hint or (values.ndim > 0 and values.shape[0] > size):
+        return f"so make the model return it batch-first{hint}"
+    return ("and it gives fewer values there than the rows fed: a value per call whatever the rows (a statistic of "
+            "the whole batch, such as its mean score), not one per row; evaluate the per-row outputs (model.output or "
+            "model.outputs) and compute such a statistic in a metric of your own (README: Custom metrics)")
 
 
 def _output_axis_hint(name: str, values: np.ndarray, size: int) -> str:

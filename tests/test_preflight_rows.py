@@ -261,6 +261,26 @@ def test_an_output_that_runs_as_a_scalar_is_refused_before_anything_is_built(tmp
         _check(tmp_path, model, {"x": RNG.normal(size=(12, FEATURES)).astype(np.float32)})
 
 
+@pytest.mark.parametrize("keep", [0, 1])
+def test_a_batch_statistic_is_refused_as_one_value_per_call_not_as_sequence_first(tmp_path: Path, keep: int) -> None:
+    """A batch's mean score, shape [] or [1] when run, declared under a symbol of its own ('stat'): the error advised
+    'make the model return it batch-first', which says nothing of a value the whole batch gives."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                               helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
+                               helper.make_node("ReduceMean", ["best"], ["y"], axes=[0], keepdims=keep)], "m",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["stat"] if keep else None)],
+                              [WEIGHT])  # fmt: skip
+    model = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), model)
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, {"x": RNG.normal(size=(12, FEATURES)).astype(np.float32)})
+    message = str(caught.value)
+    assert f"output 'y' had shape {[1] if keep else []} for 8 rows fed; expected 8 on its axis 0" in message
+    assert "a value per call whatever the rows (a statistic of the whole batch" in message
+    assert "batch-first" not in message
+
+
 def _similarity(path: Path, batch: int | str, other: int | str) -> Path:
     """x [batch, feat] -> y = (x @ w) @ (x @ w)^T [batch, other]: every row scored against every row of its batch, as a
     dual encoder's logits are (CLIP's image-text similarity matrix)."""

@@ -110,6 +110,7 @@ class Task(ABC):
     default_gate_metric: ClassVar[str | None]  # None: the recipe's first custom metric
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
     decides_by_argmax: ClassVar[bool] = False  # rows decides among score columns by their arg-max
+    columns_are_classes: ClassVar[bool] = False  # an output's last axis is its classes (labels): never an input length
     labels_may_be_fed: ClassVar[bool] = False
     """Whether a label column may also feed a model input: a reconstruction (an autoencoder) is judged against the
     input it was fed. Where labels are classes, token tags or spans, a fed label is the answer itself (a leak)."""
@@ -323,5 +324,7 @@ def float_output_problem(task: str, output: TensorMeta) -> str | None:
     if output.kind != "tensor":
         return f"output {output.name!r} is a {output.type_name}, not a float tensor: task {task!r} cannot read it"
     if not is_float(output):
-        return f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only"
+        return (f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only; expected "
+                "the float output before the Cast (model.output), task classification for class ids, or task "
+                "structured, which compares integer values with FP32's as integers")
     return None

@@ -217,6 +217,7 @@ class Classification(Task):
     default_gate_metric = "accuracy"
     labels_name_classes = True
     decides_by_argmax = True
+    columns_are_classes = True
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
         labels = plain_class_ids(values)

@@ -160,10 +160,49 @@ ACROSS_ROWS = ("its values pair each row with every row of the batch (a similari
                "matrix in a metric of your own (README: Custom metrics)")
 
 
+def _rows_fixed(model: ModelInfo, meta: TensorMeta) -> str | None:
+    """Why `meta` gives no row per input row though its rank says nothing against it: the graph computes every axis
+    of it static (`[1]`, `[1, 3]`: TensorMeta.fixed) where every input takes its rows on a dynamic axis 0, so its
+    length stays whatever the batch (a statistic of the whole batch: its mean score). A fixed-batch model (an input's
+    axis 0 static) is left alone, and so is an output with a dynamic axis (`[3, None]`: the run check tells whether
+    the rows are there) or one a converter declares static that inference cannot confirm."""
+    dynamic = [name for name, m in model.inputs.items() if m.shape and m.shape[0] is None]
+    fixed_batch = any(m.shape and m.shape[0] is not None for m in model.inputs.values())
+    if meta.kind != "tensor" or not meta.fixed or not dynamic or fixed_batch:
+        return None
+    symbol = model.inputs[dynamic[0]].dim_names[:1]
+    axis = f"a dynamic axis 0 ({symbol[0]!r})" if symbol and symbol[0] else "a dynamic axis 0"
+    return (f"output {meta.name!r} of shape {meta.shape_text()} is fixed where input {dynamic[0]!r} takes its rows "
+            f"on {axis}: it gives {meta.shape[0]} on axis 0 per call whatever the rows (a statistic "
+            "of the whole batch, such as its mean score), not one row per input row; evaluate the per-row outputs "
+            "and compute such a statistic in a metric of your own (README: Custom metrics)")  # fmt: skip
+
+
+def _classes_by_length(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
+    """Why `meta`'s last axis is no set of classes for a task reading it as one: the graph names it as a length of
+    the inputs (a later axis of an input, 'seq') or as another of its own later axes ([batch, seq, seq]), so it grows
+    with the input (token scores with padding, an attention map), and an arg-max over it picks a position."""
+    names = meta.dim_names
+    if not task.columns_are_classes or meta.kind != "tensor" or len(names) < 2 or not names[-1]:
+        return None
+    lengths = {n: f"axis {axis} of input {name!r}" for name, m in model.inputs.items()
+               for axis, n in enumerate(m.dim_names[1:], 1) if n}  # fmt: skip
+    for axis, n in enumerate(names[1:-1], 1):
+        if n:
+            lengths.setdefault(n, f"axis {axis} of this output too")
+    if (where := lengths.get(names[-1])) is None:
+        return None
+    return (f"output {meta.name!r} of shape {meta.shape_text()} has on its last axis a length of the inputs "
+            f"({names[-1]!r}, {where}), not a fixed set of classes: its values are per position (token scores, an "
+            f"attention map), and task {task.name!r} would read each position as a class; expected classes on a "
+            "fixed last axis: per-token class scores (rows, tokens, classes), task span for start and end scores "
+            "per token, or task structured with a metric of your own")  # fmt: skip
+
+
 def _problem(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
     """Why `task` cannot evaluate `meta`: an output with a static 0 beside the batch axis holds nothing to judge,
-    a scalar or a constant no row per input row, and one whose rows the graph puts on a later axis none on axis 0,
-    whatever the task; otherwise the task's own reason."""
+    a scalar, a constant or a fixed axis 0 beside dynamic rows no row per input row, and one whose rows the graph puts
+    on a later axis none on axis 0, whatever the task; otherwise the task's own reason."""
     if (elsewhere := _rows_elsewhere(model, meta) or _rows_across(model, meta)) is not None:
         return elsewhere
     if meta.kind == "tensor" and 0 in meta.shape[1:]:
@@ -174,7 +213,7 @@ def _problem(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:
     if meta.kind == "tensor" and meta.scalar:
         return (f"output {meta.name!r} is a scalar (shape []): qbench reads one output row per input row, "
                 "along axis 0")  # fmt: skip
-    return task.output_problem(meta)
+    return _rows_fixed(model, meta) or _classes_by_length(task, model, meta) or task.output_problem(meta)
 
 
 def _rank(task: Task, model: ModelInfo, meta: TensorMeta) -> int | None:

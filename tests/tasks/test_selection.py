@@ -83,6 +83,78 @@ def test_a_declared_scalar_output_is_never_a_candidate(tmp_path, task: str) -> N
         choose_outputs(get_task(task), model, ["total"])
 
 
+@pytest.mark.parametrize("task", ["classification", "embedding", "regression", "multilabel"])
+def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_candidate(tmp_path, task: str) -> None:
+    """A batch statistic kept as `[1]` (ReduceMean with keepdims over the batch's best scores) gives one value per
+    call, whatever the rows: it tied with the scores (a recipe naming no output was refused), and named it failed the
+    run check as an output to 'return batch-first'. A fixed-batch model's `[1, 5]` output stays its rows."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    def save(rows: str | int, stat: list) -> ModelInfo:
+        weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+             helper.make_node("ReduceMax", ["scores"], ["best"], axes=[1], keepdims=0),
+             helper.make_node("ReduceMean", ["best"], ["mean_score"], axes=[0], keepdims=1),
+             helper.make_node("ArgMax", ["scores"], ["label"], axis=1, keepdims=0)],
+            "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 3])],
+            [helper.make_tensor_value_info("mean_score", TensorProto.FLOAT, stat),
+             helper.make_tensor_value_info("scores", TensorProto.FLOAT, [rows, 5]),
+             helper.make_tensor_value_info("label", TensorProto.INT64, [1])], [weight])  # fmt: skip
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+        return read_model_info(tmp_path / "m.onnx")
+
+    model = save("batch", [1])
+    # declared [1] as onnxmltools declares a LightGBM label, computed one per row: the graph, not the declaration
+    assert (model.outputs["mean_score"].fixed, model.outputs["label"].fixed) == (True, False)
+    [choice] = choose_outputs(get_task(task), model, None)
+    assert (choice.name, choice.index) == ("scores", 1)
+    with pytest.raises(QbenchError, match=r"^output 'mean_score' of shape \[1\] is fixed where input 'x' takes its "
+                                          r"rows on a dynamic axis 0 \('batch'\): it gives 1 on axis 0 per call .*"
+                                          r"outputs it can read: scores"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["mean_score"])
+    fixed = save(1, [1, 5])  # a batch of exactly one row: its axis 0 is that row
+    assert choose_outputs(get_task(task), fixed, ["mean_score"])[0].name == "mean_score"
+
+
+@pytest.mark.parametrize("task", ["classification", "multilabel"])
+def test_an_axis_as_long_as_the_inputs_is_never_read_as_classes(task: str) -> None:
+    """Token scores `[batch, seq]` with padding and an attention map `[batch, seq, seq]`: classification read the
+    positions as classes (labels per row: the arg-max position, FP32 0.18 and every variant passed; token labels:
+    the attention map as per-token class scores). A fixed class axis beside them is read."""
+    ids = TensorMeta("ids", np.dtype("int64"), (None, None), dim_names=("batch", "seq"))
+    scores = TensorMeta("token_scores", np.dtype("float32"), (None, None), dim_names=("batch", "seq"))
+    attn = TensorMeta("attn", np.dtype("float32"), (None, None, None), dim_names=("batch", "seq", "seq"))
+    own = TensorMeta("pairs", np.dtype("float32"), (None, 4, None), dim_names=("batch", None, "k"))
+    fixed = TensorMeta("logits", np.dtype("float32"), (None, 3), dim_names=("batch", None))
+    model = ModelInfo(inputs={"ids": ids}, outputs={o.name: o for o in (scores, attn, fixed)}, opset=17)
+    assert [c.name for c in choose_outputs(get_task(task), model, None)] == ["logits"]
+    with pytest.raises(QbenchError, match=r"^output 'token_scores' of shape \['batch', 'seq'\] has on its last axis a "
+                                          r"length of the inputs \('seq', axis 1 of input 'ids'\), not a fixed set of "
+                                          r"classes: .*outputs it can read: logits"):  # fmt: skip
+        choose_outputs(get_task(task), model, ["token_scores"])
+    alone = ModelInfo(inputs={"ids": ids}, outputs={"attn": attn, "pairs": own}, opset=17)
+    with pytest.raises(QbenchError, match=r"output 'attn' .* \('seq', axis 1 of input 'ids'\)"):
+        choose_outputs(get_task(task), alone, ["attn"])
+    if task == "classification":  # a symbolic class axis no input carries stays classes (checked against FP32's width)
+        assert choose_outputs(get_task(task), alone, ["pairs"])[0].name == "pairs"
+    assert choose_outputs(get_task("regression"), model, ["token_scores"])[0].name == "token_scores"
+
+
+@pytest.mark.parametrize("task", ["embedding", "regression", "multilabel"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "bool"])
+def test_an_integer_output_of_a_float_task_is_refused_with_what_reads_it(task: str, dtype: str) -> None:
+    """A score an exporter casts to int8 (or a `y > 0` flag): the refusal said what the task reads, not what to do."""
+    cast = TensorMeta("y", np.dtype(dtype), (None, 1))
+    with pytest.raises(QbenchError, match=rf"^output 'y' holds {dtype} values: task '{task}' reads float outputs only; "
+                                          r"expected the float output before the Cast \(model.output\), task "
+                                          r"classification for class ids, or task structured"):  # fmt: skip
+        choose_outputs(get_task(task), _model(cast, EMBEDDING), ["y"])
+
+
 def test_an_output_with_no_shape_stated_is_not_taken_for_a_scalar() -> None:
     unshaped = TensorMeta("unshaped", np.dtype("float32"), ())  # what its runs give is checked then
     assert choose_outputs(get_task("classification"), _model(unshaped), None)[0].name == "unshaped"
