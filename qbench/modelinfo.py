@@ -127,7 +127,8 @@ def read_model_info(path: Path) -> ModelInfo:
 def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:
     """The outputs declared with every axis static ([1], [1, 3]) whose shape onnx's inference computes the same from
     the graph, their declarations set aside: a converter's declaration alone may be wrong (onnxmltools declares a
-    LightGBM classifier's `label` [1], which runs one per row)."""
+    LightGBM classifier's `label` [1], which runs one per row), and so may its value_info of the tensors inside (a
+    trace at batch 1), which inference would take as given: it computes from the inputs and the operators alone."""
     from onnx import shape_inference
 
     from qbench.onnx_read import typing_skeleton
@@ -138,6 +139,7 @@ def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:
     if not declared:
         return set()
     skeleton = typing_skeleton(model)
+    del skeleton.graph.value_info[:]
     for value in skeleton.graph.output:
         if value.name in declared:
             value.type.tensor_type.ClearField("shape")

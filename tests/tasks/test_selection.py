@@ -120,6 +120,31 @@ def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_can
     assert choose_outputs(get_task(task), fixed, ["mean_score"])[0].name == "mean_score"
 
 
+def test_static_shapes_a_trace_left_inside_the_graph_do_not_make_per_row_outputs_fixed(tmp_path) -> None:
+    """Outputs declared [1] and [1, 5] (a trace at batch 1) whose producers' value_info says the same: shape inference
+    took those as given and confirmed the declarations, so a classifier running 4 rows to [4] and [4, 5] was refused
+    as a per-call statistic ("no output task 'classification' can evaluate"). The graph's own computation decides."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qbench.modelinfo import read_model_info
+
+    weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Identity", ["scores"], ["inner"]),
+         helper.make_node("Identity", ["inner"], ["probabilities"]),
+         helper.make_node("ArgMax", ["scores"], ["id"], axis=1, keepdims=0), helper.make_node("Identity", ["id"], ["label"])],
+        "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor_value_info("label", TensorProto.INT64, [1]),
+         helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [1, 5])], [weight],
+        value_info=[helper.make_tensor_value_info("id", TensorProto.INT64, [1]),
+                    helper.make_tensor_value_info("inner", TensorProto.FLOAT, [1, 5])])  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    model = read_model_info(tmp_path / "m.onnx")
+    assert (model.outputs["label"].fixed, model.outputs["probabilities"].fixed) == (False, False)
+    assert [c.name for c in choose_outputs(get_task("classification"), model, None)] == ["probabilities"]
+
+
 @pytest.mark.parametrize("task", ["classification", "multilabel"])
 def test_an_axis_as_long_as_the_inputs_is_never_read_as_classes(task: str) -> None:
     """Token scores `[batch, seq]` with padding and an attention map `[batch, seq, seq]`: classification read the
