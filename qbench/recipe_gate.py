@@ -54,16 +54,12 @@ class GatedMetric(_Strict):
                             "auto: stated drops absolute, defaults relative for a metric in the data's units")
 
 
-class GateSpec(_Strict):
+class GateSpec(GatedMetric):
+    """gate.metric and its tolerances (GatedMetric's fields; None: the default, 0.01 overall and 0.02 per slice,
+    absolute for a rate, a share of FP32's figure for a metric in the data's units: qbench.gate_tolerance, which every
+    reader of these goes through), or several gated metrics, and which variants the gate judges."""
+
     metric: str = Field("accuracy", description="metric whose drop vs FP32 is gated (the first of gate.metrics)")
-    # None: the default (0.01 overall, 0.02 per slice), absolute for a rate, a share of FP32's figure for a metric in
-    # the data's units (qbench.gate_tolerance, which every reader of these goes through)
-    max_drop: float | None = Field(None, ge=0, allow_inf_nan=False, description="largest allowed drop vs FP32, overall")
-    max_slice_drop: float | None = Field(None, ge=0, allow_inf_nan=False,
-                                         description="largest allowed drop vs FP32, on every slice")
-    tolerance: Literal["auto", "absolute", "relative"] = Field(
-        "auto", description="absolute: drops in the metric's units; relative: shares of FP32's overall figure; "
-                            "auto: stated drops absolute, defaults relative for a metric in the data's units")
     metrics: list[GatedMetric] | None = Field(
         None, description="several gated metrics, each with its own tolerances (instead of gate.metric and its "
                           "tolerances): a variant passes only when it passes on every one")
