@@ -247,7 +247,9 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         "",
         f"Exported by qbench {qbench.__version__} from the sweep of {results.created_at}: variant "
         f"`{measured.variant}` ({measured.precision}) as measured on `{measured.backend}`.",
-        f"Gate on {', '.join(results.gate_metrics or (results.gate_metric,))}: **{verdict.status}**" + (f" ({verdict.reason})" if verdict.reason else "") + ".",
+        # the metrics the verdict was judged on: the recipe's gate, which may gate others than the sweep's did
+        f"Gate on {', '.join(recipe.gate.gated_metrics)}: **{verdict.status}**"
+        + (f" ({verdict.reason})" if verdict.reason else "") + ".",
     ]
     if forced and verdict.status != "pass":
         lines += ["", "**Exported with --force: this variant did not pass the gate.**"]

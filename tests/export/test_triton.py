@@ -287,6 +287,20 @@ def test_passing_variant_of_the_same_results_exports(breached: Path, tmp_path: P
     assert again.model_path.is_file()
 
 
+def test_the_readme_names_every_metric_the_verdict_was_judged_on(swept: Path, tmp_path: Path) -> None:
+    """Results swept gating agreement, judged by a recipe gating agreement and accuracy (gate.metrics; the gate
+    section leaves results current): the README said 'Gate on agreement', the sweep's metric, not what was judged."""
+    gate = {"metrics": [{"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5},
+                        {"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5}], "applies_to": ["fp16"]}
+    recipe = load_recipe(tiny_project(tmp_path / "both", gate))
+    results = read_results(latest_results(load_recipe(swept)))
+    assert results.gate_metric == "agreement" and results.gate_metrics == ()
+    write_results(results, recipe.output_dir / "tiny" / "20260101-000000" / "results.json")
+    export = export_triton(recipe, "fp16", CPU, tmp_path / "repo")
+    assert export.gate_status == "pass"
+    assert "Gate on accuracy, agreement: **pass**." in export.readme_path.read_text()
+
+
 # -- GPU targets and the text format --------------------------------------------------------------
 
 
