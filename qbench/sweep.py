@@ -277,9 +277,9 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     FP32 scoring below chance against the labels (labels misread, most likely) is said as it is measured."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
         logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
-    if reference.status == "ok":
+    for gated in prepared.recipe.gate.per_metric() if reference.status == "ok" else []:  # each of gate.metrics
         try:
-            reference_tolerances(reference, prepared.recipe.gate)
+            reference_tolerances(reference, gated)
         except QbenchError as exc:
             logger.warning("%s: the gate cannot judge this sweep: %s", reference.key, exc)
 

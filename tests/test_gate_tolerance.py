@@ -158,6 +158,12 @@ def test_a_sweep_says_at_fp32_that_its_gate_cannot_form_relative_tolerances(capl
     with caplog.at_level("WARNING", logger="qbench.sweep"):
         _check_reference_accuracy(SimpleNamespace(recipe=recipe, labels=None), fp32)
     assert not [r for r in caplog.records if "cannot judge" in r.getMessage()]
+    # the same MAE as the second of gate.metrics (its defaults relative): said as early as for gate.metric
+    recipe.gate = GateSpec.model_validate({"metrics": [{"metric": "agreement", "max_drop": 0.01}, "mae"]})
+    with caplog.at_level("WARNING", logger="qbench.sweep"):
+        _check_reference_accuracy(SimpleNamespace(recipe=recipe, labels=None), fp32)
+    [record] = [r for r in caplog.records if "cannot judge" in r.getMessage()]
+    assert "FP32's overall mae is 0: no relative tolerance can be formed" in record.getMessage()
 
 
 def _misses(name: str, misses: np.ndarray, reference: np.ndarray | None = None) -> VariantResult:
