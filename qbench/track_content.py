@@ -271,15 +271,17 @@ def _tolerance_params(results: SweepResults, gate: GateSpec) -> dict[str, str]:
     when they are shares of FP32's figure; with several gated metrics (gate.metrics), each further one's as
     `gate.<metric>.max_drop` and so on."""
     specs = gate.per_metric()
-    params = _one_metric_tolerances(results, specs[0], None)
+    params = _one_metric_tolerances(results, specs[0])
     for one in specs[1:]:
         params |= {key.replace("gate.", f"gate.{one.metric}.", 1): value
-                   for key, value in _one_metric_tolerances(results, one, one.metric).items()}  # fmt: skip
+                   for key, value in _one_metric_tolerances(results, one).items()}  # fmt: skip
     return params
 
 
-def _one_metric_tolerances(results: SweepResults, gate: GateSpec, metric: str | None) -> dict[str, str]:
-    resolved = gate_tolerances(results, gate, metric)
+def _one_metric_tolerances(results: SweepResults, gate: GateSpec) -> dict[str, str]:
+    """`gate`'s (one metric's) tolerances against FP32's figure of its own metric: the recipe's gate.metric may not
+    be the one the sweep gated (results.gate_metric), as the gate section leaves results current."""
+    resolved = gate_tolerances(results, gate, gate.metric)
     if resolved is None:
         unformed = "not formed (FP32's figure is 0 or not finite: see the gate)"
         return {"gate.max_drop": unformed, "gate.max_slice_drop": unformed, "gate.tolerance": gate.tolerance}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -138,6 +140,10 @@ def test_mlflow_params_record_the_tolerances_as_judged():
         "gate.max_drop": "0.04", "gate.max_slice_drop": "2 % of FP32's figure on each slice",
         "gate.tolerance": "max_drop 0.04 = 1 % of FP32's mae 4, max_slice_drop 2 % of FP32's mae on each slice"}
     assert _tolerance_params(results, GateSpec(metric="mae", max_drop=0.5))["gate.tolerance"] == "absolute"
+    # logged (`qbench track`) by a recipe gating mae where the sweep gated agreement (the gate section leaves results
+    # current): 1 % of FP32's mae 4, not of its agreement 1 (0.01)
+    swept_on_agreement = replace(results, gate_metric="agreement")
+    assert _tolerance_params(swept_on_agreement, GateSpec(metric="mae"))["gate.max_drop"] == "0.04"
 
 
 def test_a_sweep_says_at_fp32_that_its_gate_cannot_form_relative_tolerances(caplog):
