@@ -250,6 +250,8 @@ def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, b
         cut = 1 - max_slice_drop / record.worst_slice_drop
         shown = compared(record.worst_slice_drop, max_slice_drop)[0]
         gaps.append(f"{record.worst_slice} drop {shown} > {max_slice_drop:g} (cut it by {percent(cut)})")
+    if not gaps and record.passed is False and record.verdict.startswith("fail: "):
+        gaps.append(record.verdict.removeprefix("fail: "))  # no gap in gate.metric: another gated metric's, a problem
     ways = []
     if keep_float_exhausted:
         ways.append("more nodes in floating point than search.max_keep_float allows")

@@ -53,3 +53,17 @@ def test_gated_on_accuracy_alone_the_fastest_is_kept_as_before(monkeypatch):
     search = _search(monkeypatch, GateSpec(metric="accuracy", unresolved="note"))
     search.evaluate_promising()
     assert search.records[0].passed and select.choose(search.records) == 0
+
+
+def test_the_closest_candidate_failing_another_gated_metric_says_which_not_no_measured_gap(monkeypatch):
+    """Both fail: "slow" passes accuracy and breaches mae (0.1 -> 0.1001 against 0.00001). What it would need read
+    "no measured gap", as it measured gate.metric's drops alone, though its verdict names the mae breach."""
+    strict = GateSpec.model_validate({"metrics": ["accuracy", {"metric": "mae", "max_drop": 0.00001}],
+                                      "unresolved": "note"})  # fmt: skip
+    search = _search(monkeypatch, strict)
+    search.evaluate_promising()
+    closest = search.records[select.closest(search.records)]
+    assert closest.label == "slow" and closest.drop == 0.0 and not closest.passed
+    text = select.needed(closest, search.tolerances.max_drop, search.tolerances.max_slice_drop,
+                         budget_exhausted=False, keep_float_exhausted=False)  # fmt: skip
+    assert text.startswith("overall mae drop 0.0001 > 1e-05;") and "no measured gap" not in text, text
