@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 
 from qbench.errors import RecipeError
+from qbench.export.triton import gate_verdict
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate, judge
 from qbench.gate_junit import junit_xml
 from qbench.gate_report import failure_reasons, markdown_summary, report_dict, summary_line
@@ -65,6 +66,9 @@ def test_a_variant_breaking_the_second_gated_metric_on_one_slice_breaches_naming
     assert not [n for n in report.notes if "dropped" in n]  # gated: a breach, not a note
     assert "int8-a@onnxruntime-cpu (grp=b price_mae)" in summary_line(report)
     assert failure_reasons(report) == ["grp=b price_mae drop 0.1000 > 0.002"]
+    # `qbench export triton`'s refusal names the metric too: 'worst grp=b' alone did not say which head broke
+    assert gate_verdict(report, "int8-a", BACKEND, reference="fp32").reason == (
+        "1 breach(es), worst grp=b price_mae: drop 0.1000 > 0.0020")
 
 
 def test_gated_on_the_class_metric_alone_the_same_variant_passes_with_the_note_as_before():

@@ -99,7 +99,9 @@ def gate_verdict(report: GateReport, variant: str, backend: str, *, reference: s
         return GateVerdict(status, own_problems[0])
     if breaches:
         worst = max(breaches, key=lambda c: c.drop - c.tolerance)
-        worst_text = f"worst {worst.scope}: drop {worst.drop:.4f} > {worst.tolerance:.4f}"
+        where = worst.scope if worst.metric == report.metric and len(report.gated_metrics) == 1 else \
+            f"{worst.scope} {worst.metric}"  # which metric, where several are gated or another check breached
+        worst_text = f"worst {where}: drop {worst.drop:.4f} > {worst.tolerance:.4f}"
         return GateVerdict(status, f"{len(breaches)} breach(es), {worst_text}")
     # failed with its backend's FP32 alone: that FP32 differs from the first backend's, or cannot be judged
     inherited = [*filter(None, [report.fp32_differs().get(backend)]), *report.fp32_problems(backend)]
