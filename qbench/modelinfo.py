@@ -9,7 +9,7 @@ messages; only choosing it for evaluation is an error.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -101,7 +101,7 @@ def read_model_info(path: Path) -> ModelInfo:
     producers = {out: node for node in model.graph.node for out in node.output}
     facts = score_facts(model)
     fed = _fed_by_inputs(model.graph, set(inputs))
-    fixed = _fixed_by_graph(model)
+    fixed = _fixed_by_graph(model) if rows_input(inputs) is not None else set()  # read by that case alone
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
@@ -122,6 +122,15 @@ def read_model_info(path: Path) -> ModelInfo:
     inner = {name: node.op_type for name, node in producers.items() if name and name not in outputs}
     defaulted = tuple(v.name for v in model.graph.input if v.name in initializers)
     return ModelInfo(inputs=inputs, outputs=outputs, opset=opset, inner=inner, defaulted=defaulted)
+
+
+def rows_input(inputs: Mapping[str, TensorMeta]) -> str | None:
+    """The first input taking its rows on a dynamic axis 0, where every input with a shape does (None for a model
+    with a fixed batch: an input's axis 0 static): what an output fixed by the graph (TensorMeta.fixed) stays
+    beside, whatever the rows."""
+    if any(m.shape and m.shape[0] is not None for m in inputs.values()):
+        return None
+    return next((name for name, m in inputs.items() if m.shape and m.shape[0] is None), None)
 
 
 def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:

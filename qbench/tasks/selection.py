@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.errors import QbenchError, expected_one_of, plain_name
-from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.modelinfo import ModelInfo, TensorMeta, rows_input
 from qbench.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -166,13 +166,12 @@ def _rows_fixed(model: ModelInfo, meta: TensorMeta) -> str | None:
     length stays whatever the batch (a statistic of the whole batch: its mean score). A fixed-batch model (an input's
     axis 0 static) is left alone, and so is an output with a dynamic axis (`[3, None]`: the run check tells whether
     the rows are there) or one a converter declares static that inference cannot confirm."""
-    dynamic = [name for name, m in model.inputs.items() if m.shape and m.shape[0] is None]
-    fixed_batch = any(m.shape and m.shape[0] is not None for m in model.inputs.values())
-    if meta.kind != "tensor" or not meta.fixed or not dynamic or fixed_batch:
+    rows = rows_input(model.inputs)
+    if meta.kind != "tensor" or not meta.fixed or rows is None:
         return None
-    symbol = model.inputs[dynamic[0]].dim_names[:1]
+    symbol = model.inputs[rows].dim_names[:1]
     axis = f"a dynamic axis 0 ({symbol[0]!r})" if symbol and symbol[0] else "a dynamic axis 0"
-    return (f"output {meta.name!r} of shape {meta.shape_text()} is fixed where input {dynamic[0]!r} takes its rows "
+    return (f"output {meta.name!r} of shape {meta.shape_text()} is fixed where input {rows!r} takes its rows "
             f"on {axis}: it gives {meta.shape[0]} on axis 0 per call whatever the rows (a statistic "
             "of the whole batch, such as its mean score), not one row per input row; evaluate the per-row outputs "
             "and compute such a statistic in a metric of your own (README: Custom metrics)")  # fmt: skip
