@@ -16,7 +16,7 @@ rows in a seeded mix, and each scope (overall, each slice) is judged at its wors
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -109,21 +109,24 @@ def run_arrangements(run: Callable[[Feeds, int], Feeds], feeds: Mapping[str, np.
 
 
 def worst_scopes(
-    judged: Mapping[Arrangement, AccuracyResult], metric: str
+    judged: Mapping[Arrangement, AccuracyResult], metrics: Sequence[str], reference: AccuracyResult | None = None
 ) -> tuple[AccuracyResult, dict[str, Arrangement]]:
     """One AccuracyResult holding, for each scope (overall, each slice), its figures from the arrangement where it is
-    worst (`_severity`: NaN/inf outputs FP32 does not give first, a breach whatever the drop; then the drop of
-    `metric`, NaN first: it cannot pass; ties keep the earlier arrangement), and the arrangement each scope's figures
-    come from. Every arrangement's results hold the same scopes (the same rows); the result's NaN/inf row count is
-    its overall's, as a result of one arrangement's."""
+    worst (`_severity`: NaN/inf outputs FP32 does not give first, a breach whatever the drop; then the drop of the
+    gated `metrics`, NaN first: it cannot pass; ties keep the earlier arrangement), and the arrangement each scope's
+    figures come from. Several gated metrics (gate.metrics) are weighed by their drops as shares of FP32's figure on
+    that scope (`reference`), so an arrangement that breaks only the second metric is not passed over for one where
+    the first drops a little more. Every arrangement's results hold the same scopes (the same rows); the result's
+    NaN/inf row count is its overall's, as a result of one arrangement's."""
     arrangements = list(judged)
     first = judged[arrangements[0]]
 
     def pick(scope: Callable[[AccuracyResult], SliceMetrics | None]) -> tuple[SliceMetrics, Arrangement]:
         best, where = scope(first) or first.overall, arrangements[0]  # the first holds every scope
+        fp32 = scope(reference) if reference is not None else None
         for arrangement in arrangements[1:]:
             figures = scope(judged[arrangement])
-            if figures is not None and _severity(figures, metric) > _severity(best, metric):
+            if figures is not None and _severity(figures, metrics, fp32) > _severity(best, metrics, fp32):
                 best, where = figures, arrangement
         return best, where
 
@@ -147,12 +150,18 @@ def judged_note(why: str, judged: Mapping[Arrangement, AccuracyResult], chosen: 
             f"its worst ({figures}); judged: {worst}")
 
 
-def _severity(scope: SliceMetrics, metric: str) -> tuple[int, float]:
+def _severity(scope: SliceMetrics, metrics: Sequence[str], fp32: SliceMetrics | None) -> tuple[int, float]:
     """How bad a scope's figures are, for ordering: its rows of NaN/inf outputs where FP32's are finite (the gate's
-    breach whatever a metric says), then the drop of `metric` (NaN: larger than any, it cannot pass; none: smaller
-    than any)."""
-    drop = scope.drops.get(metric, -math.inf)
-    return scope.new_nonfinite_outputs, math.inf if math.isnan(drop) else drop
+    breach whatever a metric says), then the largest drop of `metrics` (NaN: larger than any, it cannot pass; none:
+    smaller than any), each a share of FP32's figure on the scope (`fp32`) where several are weighed together."""
+    worst = -math.inf
+    for metric in metrics:
+        drop = scope.drops.get(metric, -math.inf)
+        if math.isnan(drop):
+            return scope.new_nonfinite_outputs, math.inf
+        figure = abs(fp32.metrics.get(metric, math.nan)) if fp32 is not None and len(metrics) > 1 else math.nan
+        worst = max(worst, drop / figure if math.isfinite(figure) and figure > 0 else drop)
+    return scope.new_nonfinite_outputs, worst
 
 
 def _figure(scope: SliceMetrics, metric: str) -> str:

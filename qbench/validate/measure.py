@@ -387,7 +387,7 @@ def _judged_as_served(
         figures = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,
                                     feeds=rows.feeds, **options)  # fmt: skip
         judged[arrangement] = with_drops(figures, against or figures)
-    worst, chosen = worst_scopes(judged, recipe.gate.metric)
+    worst, chosen = worst_scopes(judged, recipe.gate.gated_metrics, against)
     return worst, judged_note(why, judged, chosen, recipe.gate.metric)
 
 

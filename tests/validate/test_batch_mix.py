@@ -30,6 +30,23 @@ def _scope(name: str, accuracy: float, drop: float) -> SliceMetrics:
     return SliceMetrics(name, 10, {"accuracy": accuracy}, drops={"accuracy": drop})
 
 
+def test_with_several_gated_metrics_the_arrangement_breaking_the_second_is_the_one_judged():
+    """gate.metrics gates accuracy and mae (FP32: 0.9 and 2.0). Served alone, accuracy drops 0.02 more than evaluated
+    while mae holds; in mixed batches accuracy holds and mae rises by 1.0 (half of FP32's). Weighed by accuracy alone
+    the arrangement kept was the one where mae held, and the gate never saw mae's breach."""
+    def scope(accuracy_drop: float, mae_drop: float) -> SliceMetrics:
+        return SliceMetrics("overall", 10, {"accuracy": 0.9 - accuracy_drop, "mae": 2.0 + mae_drop},
+                            drops={"accuracy": accuracy_drop, "mae": mae_drop})  # fmt: skip
+
+    evaluated, alone, mixed = Arrangement(64, mixed=False), Arrangement(1, mixed=True), Arrangement(32, mixed=True)
+    judged = {evaluated: AccuracyResult(10, 0, scope(0.0, 0.0)), alone: AccuracyResult(10, 0, scope(0.02, 0.0)),
+              mixed: AccuracyResult(10, 0, scope(0.01, 1.0))}  # fmt: skip
+    fp32 = AccuracyResult(10, 0, SliceMetrics("overall", 10, {"accuracy": 0.9, "mae": 2.0}))
+    worst, chosen = worst_scopes(judged, ("accuracy", "mae"), fp32)
+    assert chosen["overall"] == mixed and worst.overall.drops["mae"] == 1.0
+    assert worst_scopes(judged, ("accuracy",), fp32)[1]["overall"] == alone  # one metric: its drop alone, as before
+
+
 def test_worst_scopes_takes_each_scope_from_the_arrangement_where_it_drops_most():
     evaluated, alone, mixed = Arrangement(64, mixed=False), Arrangement(1, mixed=True), Arrangement(32, mixed=True)
     judged = {
@@ -37,7 +54,7 @@ def test_worst_scopes_takes_each_scope_from_the_arrangement_where_it_drops_most(
         alone: AccuracyResult(20, 1, _scope("overall", 0.89, 0.02), (_scope("a", 0.8, 0.1), _scope("b", 0.9, 0.02))),
         mixed: AccuracyResult(20, 0, _scope("overall", 0.85, 0.06), (_scope("a", 0.7, 0.2), _scope("b", 0.95, -0.03))),
     }
-    worst, chosen = worst_scopes(judged, "accuracy")
+    worst, chosen = worst_scopes(judged, ("accuracy",))
     assert worst.overall.metrics == {"accuracy": 0.85} and chosen["overall"] == mixed
     assert [s.metrics["accuracy"] for s in worst.slices] == [0.7, 0.9]
     assert chosen["a"] == mixed and chosen["b"] == evaluated  # a tie keeps the earlier arrangement
@@ -54,12 +71,12 @@ def test_worst_scopes_takes_nan_rows_fp32_lacks_first_and_counts_the_overall_it_
                             new_nonfinite_outputs=2)  # fmt: skip
     judged = {evaluated: AccuracyResult(20, 0, _scope("overall", 0.80, 0.10), (_scope("a", 0.8, 0.1),)),
               alone: AccuracyResult(20, 2, nan_rows, (_scope("a", 0.9, 0.0),))}  # fmt: skip
-    worst, chosen = worst_scopes(judged, "accuracy")
+    worst, chosen = worst_scopes(judged, ("accuracy",))
     assert chosen["overall"] == alone and worst.overall.new_nonfinite_outputs == 2
     assert worst.nonfinite_outputs == worst.overall.nonfinite_outputs == 2
     assert chosen["a"] == evaluated  # a slice with no NaN rows anywhere: its largest drop
     judged[alone] = AccuracyResult(20, 0, _scope("overall", 0.85, 0.05), (_scope("a", 0.9, 0.0),))
-    worst, chosen = worst_scopes(judged, "accuracy")
+    worst, chosen = worst_scopes(judged, ("accuracy",))
     assert chosen["overall"] == evaluated and worst.nonfinite_outputs == 0
 
 
@@ -67,7 +84,7 @@ def test_worst_scopes_takes_a_nan_drop_it_cannot_pass():
     evaluated, mixed = Arrangement(8, mixed=False), Arrangement(8, mixed=True)
     judged = {evaluated: AccuracyResult(10, 0, _scope("overall", 0.9, 0.5)),
               mixed: AccuracyResult(10, 0, _scope("overall", float("nan"), float("nan")))}  # fmt: skip
-    assert worst_scopes(judged, "accuracy")[1]["overall"] == mixed
+    assert worst_scopes(judged, ("accuracy",))[1]["overall"] == mixed
 
 
 def test_arrangements_are_named_and_each_gives_its_outputs_back_in_the_rows_order():
