@@ -591,22 +591,29 @@ def test_an_explain_file_meeting_a_full_disk_is_one_error_naming_it_and_leaves_n
     assert (folder / "explain.json").is_file() and not list(folder.glob("*table.txt*"))
 
 
+def _explain_table_text(costs: tuple, worst_slice: str) -> str:
+    """explain's table of `costs` (an INT8 MinMax leave-one-out result whose worst slice is `worst_slice`, dropping
+    0.07 there) as a 250-column terminal shows it."""
+    from rich.console import Console
+
+    from qbench.explain import ExplainResult, explain_table
+
+    result = ExplainResult("r", "int8", "minmax", "leave_one_out", "node", "accuracy", "onnxruntime-cpu", 100,
+                           0.03, worst_slice, 0.07, 2, costs)  # fmt: skip
+    console = Console(width=250, record=True)
+    console.print(explain_table(result, 10))
+    return console.export_text()
+
+
 def test_explain_table_prints_node_and_slice_names_as_they_are_never_as_markup():
     """A tf2onnx-style node 'while[/body]/MatMul' stopped `qbench explain` with rich's MarkupError once every
     candidate was measured; a slice 'grp=[unknown]' printed as 'grp=' in the title and its column; a node name
     holding a newline was split over two rows."""
-    from rich.console import Console
-
-    from qbench.explain import ExplainResult, explain_table
     from qbench.explain_rank import NodeCost
 
     costs = (NodeCost("while[/body]/MatMul", ("while[/body]/MatMul",), ("MatMul",), 0.02, 0.05, 0.7, 1e-3),
              NodeCost("fc\nPASS", ("fc\nPASS",), ("Gemm",), 0.01, 0.02, 0.3, 1e-3))  # fmt: skip
-    result = ExplainResult("r", "int8", "minmax", "leave_one_out", "node", "accuracy", "onnxruntime-cpu", 100,
-                           0.03, "grp=[unknown]", 0.07, 2, costs)  # fmt: skip
-    console = Console(width=250, record=True)
-    console.print(explain_table(result, 10))
-    text = console.export_text()
+    text = _explain_table_text(costs, "grp=[unknown]")
     assert "while[/body]/MatMul" in text and "'fc\\nPASS'" in text
     assert "+0.0700 on grp=[unknown]" in " ".join(text.split()) and "recovered on grp=[unknown]" in text
     assert not any(line.lstrip("│ ").startswith("PASS") for line in text.splitlines())
@@ -615,16 +622,8 @@ def test_explain_table_prints_node_and_slice_names_as_they_are_never_as_markup()
 def test_explain_table_quotes_a_worst_slice_name_holding_a_newline():
     """A slice value 'a\nb' (the data's) split the table's title and its column header over two lines, 'b' reading as
     a line of its own; quoted with escapes as node names are."""
-    from rich.console import Console
-
-    from qbench.explain import ExplainResult, explain_table
     from qbench.explain_rank import NodeCost
 
-    costs = (NodeCost("fc", ("fc",), ("Gemm",), 0.02, 0.05, 1.0, 1e-3),)
-    result = ExplainResult("r", "int8", "minmax", "leave_one_out", "node", "accuracy", "onnxruntime-cpu", 100,
-                           0.03, "grp=a\nb", 0.07, 2, costs)  # fmt: skip
-    console = Console(width=250, record=True)
-    console.print(explain_table(result, 10))
-    text = console.export_text()
+    text = _explain_table_text((NodeCost("fc", ("fc",), ("Gemm",), 0.02, 0.05, 1.0, 1e-3),), "grp=a\nb")
     assert "+0.0700 on 'grp=a\\nb'" in text and "recovered on 'grp=a\\nb'" in text
     assert not any(line.lstrip("│ ").startswith("b") for line in text.splitlines())
