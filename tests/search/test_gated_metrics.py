@@ -3,14 +3,11 @@ gate.metric alone and kept the fastest candidate that ruined the other head."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from test_resolved_pass import evaluating_search
 
-from qbench.gate_tolerance import reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
-from qbench.results_search import CandidateRecord
 from qbench.search import run, select
-from qbench.validate.measure import Rows
 
 ROWS = 400
 # accuracy of the class head and the regression head's MAE: "fast" keeps the classes and ruins the MAE (0.1 -> 0.5)
@@ -26,18 +23,7 @@ def _result(name: str) -> VariantResult:
 
 def _search(monkeypatch, gate: GateSpec) -> run._Search:
     """Screened candidates "fast" (2.0x) and "slow" (1.5x), each evaluated in full by the real gate."""
-    fp32 = _result("fp32")
-    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=_result(built)))
-    search = object.__new__(run._Search)
-    search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
-                      for label, speed in (("fast", 2.0), ("slow", 1.5))]  # fmt: skip
-    search.built = {0: "fast", 1: "slow"}
-    search.gate, search.fp32 = gate, SimpleNamespace(result=fp32, reference="fp32 outputs")
-    search.tolerances = reference_tolerances(fp32, gate)
-    search.fp32_timings, search.within_budget = [], lambda what: True
-    search.backend = search.prepared = search.clock = None
-    search.rows = Rows({}, None, {}, 1, None)
-    return search
+    return evaluating_search(monkeypatch, gate, _result, ["fast", "slow"], [2.0, 1.5])
 
 
 def test_the_search_keeps_the_fastest_candidate_passing_every_gated_metric(monkeypatch):

@@ -4,6 +4,7 @@ few heavy-tailed rows ranks after a resolved one, and is picked only when no can
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
@@ -38,9 +39,15 @@ def _search(monkeypatch, labels: list[str], speeds: list[float], unresolved: str
     """A search of screened candidates `labels` timed at `speeds`, whose full evaluation is judged by the real gate
     on the selection-row figures of FIGURES (`digests`: what each selection row feeds the model; None: unknown)."""
     gate = GateSpec(metric="cosine", max_drop=0.005, max_slice_drop=0.01, unresolved=unresolved)
-    fp32 = _result("fp32", *FIGURES["fp32"])
-    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(
-        result=_result(built, *FIGURES[built])))  # fmt: skip
+    return evaluating_search(monkeypatch, gate, lambda label: _result(label, *FIGURES[label]), labels, speeds, digests)
+
+
+def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], VariantResult], labels: list[str],
+                      speeds: list[float], digests: np.ndarray | None = None) -> run._Search:  # fmt: skip
+    """A search of candidates `labels` screened at `speeds` (and FP32, `result_of("fp32")`), ready to evaluate in full:
+    `measure` gives `result_of(label)`, judged by the real gate `gate` (`digests`: what each selection row feeds)."""
+    fp32 = result_of("fp32")
+    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built)))
     search = object.__new__(run._Search)
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
                       for label, speed in zip(labels, speeds)]  # fmt: skip
