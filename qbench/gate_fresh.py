@@ -8,7 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from qbench.errors import QbenchError
-from qbench.provenance import changed_inputs, image_files_input, image_inputs, input_files, model_sha256
+from qbench.provenance import (
+    changed_inputs,
+    image_files_input,
+    image_inputs,
+    input_files,
+    model_sha256,
+    recorded_module_files,
+)
 from qbench.recipe import JUDGED_SECTIONS, RESULT_SECTIONS, Recipe, load_recipe
 from qbench.results import SweepResults
 
@@ -65,12 +72,14 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
     """(problems, inputs that can no longer be read): inputs whose content changed since the sweep.
 
     `recipe` (the one given, else the one the results embed) says which inputs decide the results: each must
-    have a recorded digest matching its file now. The results' own record never decides which inputs are
-    checked: one whose entry was dropped would leave its file unchecked.
+    have a recorded digest matching its file now. The results' own record never decides which of those inputs
+    are checked: one whose entry was dropped would leave its file unchecked. It adds the modules of the project
+    the recipe's code imported, which only the sweep that ran it can name (their record is `project_modules`
+    evidence: results without it cannot be judged).
     """
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    files = input_files(recipe)
+    files = {**input_files(recipe), **recorded_module_files(results.inputs, recipe)}
     try:
         images = {name: entry.sha256 for name, entry in image_inputs(recipe).items()}
     except QbenchError as exc:  # the table naming the images is unreadable now: they cannot be what was measured

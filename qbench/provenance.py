@@ -6,11 +6,16 @@ column's tokenizer folder, and each image column's files (those its rows name, u
 absolute path: qbench.data.image_files). `input_digests` hashes each of them (the recipe's fingerprint
 is made from these digests); results.json records them as {input: {path, sha256}}; `changed_inputs`
 recomputes them at gate time.
+
+Code the recipe names (the factory, custom metrics) imports more of the user's project: a model class in
+`mypkg/layers.py` beside a factory in `mypkg/models.py`. Which modules is known only once the code ran, so the sweep
+records them after its preparation imported it (`project_module_digests`), and the gate re-hashes each module the
+results record (`recorded_module_files`): an edit to the model's class no longer leaves the old figures judged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
-TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
+TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"
+PROJECT_MODULE_INPUT = "python module "  # + its name: a module of the user's project the recipe's code imported  # data.inputs.<column> + this: a text column's tokenizer folder
 
 
 def image_files_input(column: str) -> str:
@@ -96,6 +102,32 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
         folder = resolve_tokenizer_folder(spec.tokenizer.path, recipe_file=recipe.source, field=tokenizer_field(column))
         files[tokenizer_input(column)] = folder
     return files
+
+
+def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
+    """Each module of the user's project this process has imported, by input name, where the recipe names code
+    (qbench.user_code.project_sources_sha256 under the recipe's folder and that of each module it names): called
+    once the sweep imported that code, whatever it imports in turn. None for a recipe that names no code."""
+    from qbench.user_code import EditedAfterImport, project_sources_sha256
+
+    named = [spec.partition(":")[0] for spec in (recipe.model.torch, *(m.function for m in recipe.metrics)) if spec]
+    if not named:
+        return {}
+    roots = [recipe.base_dir, *(source.parent for name in named if (source := module_source(name, recipe.base_dir)))]
+    try:
+        sources = project_sources_sha256(list(dict.fromkeys(roots)))
+    except EditedAfterImport as exc:  # its digest would name code the sweep does not run
+        raise QbenchError(f"{recipe.source}: {exc}") from None
+    return {f"{PROJECT_MODULE_INPUT}{name}": InputDigest(str(path), sha) for name, (path, sha) in sources.items()}
+
+
+def recorded_module_files(recorded: Iterable[str], recipe: Recipe) -> dict[str, Path]:
+    """The file now of each project module `recorded` (a results file's input names) names, found by its name as an
+    import from the recipe's folder finds it (a project checked out elsewhere, as CI does, included). One no import
+    finds now is left out: the recipe's code no longer imports what the sweep ran (changed_inputs: changed)."""
+    found = {name: module_source(name.removeprefix(PROJECT_MODULE_INPUT), recipe.base_dir)
+             for name in recorded if name.startswith(PROJECT_MODULE_INPUT)}  # fmt: skip
+    return {name: path for name, path in found.items() if path is not None}
 
 
 def input_digests(recipe: Recipe) -> dict[str, InputDigest]:

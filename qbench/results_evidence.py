@@ -43,6 +43,8 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
+    Evidence("project_modules", "inputs: each module of the user's project the recipe's code imported",
+             "staleness of the code the PyTorch factory or a custom metric imports (a model class in another file)"),
     Evidence("fp32_drops", "each later backend's FP32 drops, taken against the first backend's FP32", "each later "
              "backend's FP32 against the first backend's (its drops, as the report and MLflow show them)",
              several_backends=True),

@@ -35,7 +35,7 @@ from qbench.gate_notes import nonfinite_reference_rows
 from qbench.gate_tolerance import reference_tolerances
 from qbench.interrupt import EndedBySignal, Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
-from qbench.provenance import InputDigest, input_digests, recipe_record
+from qbench.provenance import InputDigest, input_digests, project_module_digests, recipe_record
 from qbench.recipe import Recipe, load_recipe
 from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
@@ -128,7 +128,8 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             record_tracking(run_dir, track, mlflow_uri)
         except Interrupted as exc:
             raise EndedBySignal(f"sweep {exc} before anything was measured; nothing was written", exc) from None
-        progress = _Progress(prepared, inputs, run_dir, clock, guard)
+        # the modules of the user's project the recipe's code imported (its model's classes) are inputs too
+        progress = _Progress(prepared, {**inputs, **project_module_digests(recipe)}, run_dir, clock, guard)
         try:
             progress.open_tracker(track, resumes=resume_from)
             return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from,

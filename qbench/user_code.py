@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
+from qbench.errors import QbenchError
+
 # module -> sha256 of its file when qbench first hashed it in this process
 _SOURCE_AT_FIRST_SIGHT: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
 _INSTALLED = frozenset({"site-packages", "dist-packages"})
@@ -73,6 +75,33 @@ def project_modules(roots: Sequence[Path]) -> list[tuple[str, ModuleType, Path]]
         if real.startswith(under) and not installed(path := Path(real)) and path.is_file():
             found.append((name, module, path))
     return sorted(found, key=lambda entry: entry[0])
+
+
+def project_sources_sha256(roots: Sequence[Path]) -> dict[str, tuple[Path, str]]:
+    """Module name -> (its file, the file's sha256) for every module of the project under `roots`
+    (`project_modules`). A file edited after this process imported it is not the code running, which a digest of it
+    would misdescribe: EditedAfterImport naming it."""
+    from qbench.digests import file_sha256
+
+    sources: dict[str, tuple[Path, str]] = {}
+    for name, module, path in project_modules(roots):
+        sha = file_sha256(path)
+        if edited_since_seen(module, sha):
+            raise EditedAfterImport(path)
+        sources[name] = (path, sha)
+    return sources
+
+
+class EditedAfterImport(QbenchError):
+    """A module of the user's project whose file changed after this process imported it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(changed_after_import(path))
+        self.path = path
+
+
+def changed_after_import(path: Path) -> str:
+    return f"{path} changed after this process imported it; run qbench in a new process to use the new code"
 
 
 def _real_path(file: str, folders: dict[str, str]) -> str:

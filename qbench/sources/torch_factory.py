@@ -13,7 +13,7 @@ from typing import Any
 from qbench.digests import file_sha256
 from qbench.errors import RecipeError, did_you_mean
 from qbench.recipe import Recipe
-from qbench.user_code import edited_since_seen, first_on_sys_path
+from qbench.user_code import changed_after_import, edited_since_seen, first_on_sys_path
 
 _FIELD = "model.factory_arguments"
 
@@ -84,10 +84,6 @@ def _import_factory(recipe: Recipe, factory_name: str, source: Path) -> Any:
     if not callable(factory):
         raise RecipeError(recipe.source, "model.torch", f"{factory_name} is {type(factory).__name__}, not a callable")
     return factory
-
-
-def changed_after_import(path: Path) -> str:
-    return f"{path} changed after this process imported it; run qbench in a new process to use the new code"
 
 
 def describe(exc: BaseException) -> str:

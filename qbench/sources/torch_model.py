@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING, Any
 from qbench.digests import file_sha256
 from qbench.errors import MissingExtraError, QbenchError, RecipeError
 from qbench.recipe import Recipe
-from qbench.sources.torch_factory import call_factory, changed_after_import, describe
+from qbench.sources.torch_factory import call_factory, describe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.sources.torch_settings import settings_sha256
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
 from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, guard_remedy, is_script_module, unwrapped
-from qbench.user_code import edited_since_seen, module_source, not_found, project_modules
+from qbench.user_code import EditedAfterImport, module_source, not_found, project_sources_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -440,13 +440,11 @@ def _project_sources_sha256(recipe: Recipe, source: Path) -> dict[str, str]:
     (under the recipe's folder or the factory module's), read after the factory built the module and forward()
     ran: a helper forward() calls from another file is exported anew when edited. The checks of a cached export
     run on a few inputs only, and can miss such an edit (all-0 token ids pool alike by mean or first token)."""
-    files: dict[str, str] = {}
-    for name, module, path in project_modules((recipe.base_dir, source.parent)):
-        sha = file_sha256(path)
-        if edited_since_seen(module, sha):  # the key would name code this process does not run
-            raise RecipeError(recipe.source, "model.torch", changed_after_import(path))
-        files[name] = sha
-    return files
+    try:
+        sources = project_sources_sha256((recipe.base_dir, source.parent))
+    except EditedAfterImport as exc:  # the key would name code this process does not run
+        raise RecipeError(recipe.source, "model.torch", str(exc)) from None
+    return {name: sha for name, (_, sha) in sources.items()}
 
 
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
