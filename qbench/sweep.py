@@ -118,6 +118,8 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             # it hashed: a later edit to them cannot reach it
             local = recipe.executor.kind == "local"
             prepared = prepare(recipe, track=track, backends=local, snapshot=snapshot)
+            # the modules of the user's project the recipe's code imported (its model's classes) are inputs too
+            recorded_inputs = {**inputs, **project_module_digests(recipe)}
             if local:  # the reference runs every batch size asked for, or nothing is built (a cluster's nodes check)
                 _check_reference_runs(prepared)
             clock.add("prepare", t)
@@ -128,8 +130,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             record_tracking(run_dir, track, mlflow_uri)
         except Interrupted as exc:
             raise EndedBySignal(f"sweep {exc} before anything was measured; nothing was written", exc) from None
-        # the modules of the user's project the recipe's code imported (its model's classes) are inputs too
-        progress = _Progress(prepared, {**inputs, **project_module_digests(recipe)}, run_dir, clock, guard)
+        progress = _Progress(prepared, recorded_inputs, run_dir, clock, guard)
         try:
             progress.open_tracker(track, resumes=resume_from)
             return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,14 @@ from onnx import TensorProto, helper, numpy_helper
 from qbench.digests import file_sha256
 from qbench.errors import QbenchError
 from qbench.modelinfo import external_data_files
-from qbench.provenance import changed_inputs, input_digests, input_files
+from qbench.provenance import (
+    PROJECT_MODULE_INPUT,
+    changed_inputs,
+    input_digests,
+    input_files,
+    project_module_digests,
+    recorded_module_files,
+)
 from qbench.recipe import load_recipe
 
 
@@ -163,3 +171,52 @@ def test_a_models_size_counts_its_external_data_files(tmp_path: Path) -> None:
     assert model_bytes(path) == path.stat().st_size + weights.stat().st_size
     onnx.save_model(onnx.load(str(path)), str(path))  # the weights inside the model file now: found again
     assert model_bytes(path) == path.stat().st_size > 64 * 4 * 4
+
+
+def _with_metric(project: Path) -> Path:
+    """`project` with a custom metric whose module imports a helper module beside it."""
+    (project.parent / "pv_metric.py").write_text("from pv_helper import score\n\n\ndef f(outputs, labels):\n"
+                                                 "    return score(outputs, labels)\n")  # fmt: skip
+    (project.parent / "pv_helper.py").write_text("def score(outputs, labels):\n    return 0.0\n")
+    recipe = yaml.safe_load(project.read_text())
+    recipe["metrics"] = [{"name": "mine", "function": "pv_metric:f", "higher_is_better": True}]
+    project.write_text(yaml.safe_dump(recipe))
+    return project
+
+
+@pytest.fixture
+def metric_project(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(project.parent))
+    monkeypatch.delitem(sys.modules, "pv_metric", raising=False)
+    monkeypatch.delitem(sys.modules, "pv_helper", raising=False)
+    return _with_metric(project)
+
+
+def test_the_modules_a_recipes_code_imported_are_digested_and_none_for_a_recipe_naming_no_code(metric_project: Path) -> None:
+    import importlib
+
+    recipe = load_recipe(metric_project)
+    importlib.import_module("pv_metric")
+    digests = project_module_digests(recipe)
+    assert {name: entry.sha256 for name, entry in digests.items()} == {
+        f"{PROJECT_MODULE_INPUT}pv_metric": file_sha256(metric_project.parent / "pv_metric.py"),
+        f"{PROJECT_MODULE_INPUT}pv_helper": file_sha256(metric_project.parent / "pv_helper.py"),
+    }
+    assert recorded_module_files(digests, recipe) == {name: Path(entry.path) for name, entry in digests.items()}
+    without_code = yaml.safe_load(metric_project.read_text())
+    del without_code["metrics"]
+    metric_project.write_text(yaml.safe_dump(without_code))
+    assert project_module_digests(load_recipe(metric_project)) == {}
+
+
+def test_a_module_edited_after_the_sweep_imported_it_is_refused_naming_its_file(metric_project: Path) -> None:
+    """Its digest would name code the sweep does not run."""
+    import importlib
+
+    recipe = load_recipe(metric_project)
+    importlib.import_module("pv_metric")
+    project_module_digests(recipe)  # seen as imported
+    helper = metric_project.parent / "pv_helper.py"
+    helper.write_text(helper.read_text() + "EDITED = True\n")
+    with pytest.raises(QbenchError, match=f"{helper.resolve()} changed after this process imported it"):
+        project_module_digests(recipe)
