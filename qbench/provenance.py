@@ -106,8 +106,9 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
 
 def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
     """Each module of the user's project this process has imported, by input name, where the recipe names code
-    (qbench.user_code.project_sources_sha256 under the recipe's folder and that of each module it names): called
-    once the sweep imported that code, whatever it imports in turn. None for a recipe that names no code."""
+    (qbench.user_code.project_sources_sha256 under the recipe's folder and that of each module it names), those
+    modules aside: called once the sweep imported that code, whatever it imports in turn. None for a recipe that
+    names no code."""
     from qbench.user_code import EditedAfterImport, project_sources_sha256
 
     named = [spec.partition(":")[0] for spec in (recipe.model.torch, *(m.function for m in recipe.metrics)) if spec]
@@ -118,7 +119,8 @@ def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
         sources = project_sources_sha256(list(dict.fromkeys(roots)))
     except EditedAfterImport as exc:  # its digest would name code the sweep does not run
         raise QbenchError(f"{recipe.source}: {exc}") from None
-    return {f"{PROJECT_MODULE_INPUT}{name}": InputDigest(str(path), sha) for name, (path, sha) in sources.items()}
+    return {f"{PROJECT_MODULE_INPUT}{name}": InputDigest(str(path), sha) for name, (path, sha) in sources.items()
+            if name not in named}  # those are inputs of their own (`input_files`)
 
 
 def recorded_module_files(recorded: Iterable[str], recipe: Recipe) -> dict[str, Path]:
