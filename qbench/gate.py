@@ -43,7 +43,7 @@ from qbench.gate_tolerance import GivenTolerances, Tolerances, given_for, refere
 from qbench.recipe import GateSpec
 from qbench.recipe_slo import SloSpec
 from qbench.results import SliceMetrics, SweepResults, VariantResult
-from qbench.results_evidence import unrecorded
+from qbench.results_evidence import names_code, unrecorded
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.catalogue import (
     METRICS,
@@ -334,7 +334,7 @@ def missing_evidence(results: SweepResults, slo: SloSpec | None) -> list[str]:
     task = results.recipe.get("task")  # a file without one (edited) needs every task's kinds
     several = len({v.backend for v in results.variants}) > 1
     lacking = unrecorded(results.evidence, slo=slo is not None, task=task if isinstance(task, str) else None,
-                         several_backends=several)  # fmt: skip
+                         several_backends=several, names_code=names_code(results.recipe.get("resolved")))  # fmt: skip
     if not lacking:
         return []
     return [f"results written by qbench {short_repr(results.qbench_version)} record no "

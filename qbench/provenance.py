@@ -30,8 +30,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
-TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"
-PROJECT_MODULE_INPUT = "python module "  # + its name: a module of the user's project the recipe's code imported  # data.inputs.<column> + this: a text column's tokenizer folder
+TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
+PROJECT_MODULE_INPUT = "python module "  # + its name: a module of the user's project the recipe's code imported
 
 
 def image_files_input(column: str) -> str:

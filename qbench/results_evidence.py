@@ -24,6 +24,7 @@ class Evidence:
     slo: bool = False  # needed only where the gate judges a latency budget (the recipe's slo:)
     task: str | None = None  # needed only for results of this task (None: every task's)
     several_backends: bool = False  # needed only for results of more than one backend
+    code: bool = False  # needed only for results of a recipe naming code (model.torch, a metric's function)
 
 
 EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
@@ -44,7 +45,8 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("random_ops", "a reference with random nodes refused by the sweep", "results of a deterministic reference"),
     Evidence("model_sha256", "each variant's model_sha256", "the measured model file is the one measured"),
     Evidence("project_modules", "inputs: each module of the user's project the recipe's code imported",
-             "staleness of the code the PyTorch factory or a custom metric imports (a model class in another file)"),
+             "staleness of the code the PyTorch factory or a custom metric imports (a model class in another file)",
+             code=True),
     Evidence("fp32_drops", "each later backend's FP32 drops, taken against the first backend's FP32", "each later "
              "backend's FP32 against the first backend's (its drops, as the report and MLflow show them)",
              several_backends=True),
@@ -57,13 +59,23 @@ RECORDED: tuple[str, ...] = tuple(EVIDENCE)
 
 
 def unrecorded(recorded: tuple[str, ...], *, slo: bool, task: str | None = None,
-               several_backends: bool = True) -> list[Evidence]:  # fmt: skip
+               several_backends: bool = True, names_code: bool = True) -> list[Evidence]:  # fmt: skip
     """The kinds the gate needs (those of an SLO only where it judges one, those of one task only for its results;
-    every task's where `task` is None; those of several backends only for results of several) that `recorded`
-    lacks."""
+    every task's where `task` is None; those of several backends only for results of several; those of a recipe's
+    code only where it names some) that `recorded` lacks."""
     return [e for e in EVIDENCE.values()
             if e.name not in recorded and (slo or not e.slo) and (task is None or e.task in (None, task))
-            and (several_backends or not e.several_backends)]
+            and (several_backends or not e.several_backends) and (names_code or not e.code)]
+
+
+def names_code(recipe: object) -> bool:
+    """Whether a results file's embedded recipe names code (model.torch, a metric's function): what `code` kinds
+    need; one that cannot be read as a recipe counts as naming code (fail closed)."""
+    model = recipe.get("model") if isinstance(recipe, dict) else None
+    metrics = recipe.get("metrics") if isinstance(recipe, dict) else None
+    if not isinstance(model, dict) or not isinstance(metrics, list | None):
+        return True
+    return bool(model.get("torch")) or any(not isinstance(m, dict) or m.get("function") for m in metrics or ())
 
 
 def evidence_from_dict(raw: object) -> tuple[str, ...]:

@@ -222,3 +222,23 @@ def test_regression_results_written_before_r2_min_and_multi_target_rmse_had_drop
         "these checks cannot be applied: the resolution of a pass on r2_min, or on rmse over several targets (the "
         "paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
     _a_classifier_lacking_is_judged("target_drop_intervals")
+
+
+@pytest.mark.parametrize(("resolved", "unusable"), [
+    ({"model": {"path": "model.onnx"}}, False),
+    ({"model": {"path": "model.onnx"}, "metrics": [{"name": "top2"}]}, False),
+    ({"model": {"torch": "mypkg.models:make"}}, True),
+    ({"model": {"path": "model.onnx"}, "metrics": [{"name": "iou", "function": "mypkg.metrics:iou"}]}, True),
+    (None, True),  # no embedded recipe to read: as naming code
+])  # fmt: skip
+def test_results_lacking_project_modules_are_unusable_only_where_the_recipe_names_code(resolved, unusable):
+    """The project modules a recipe's code imported are recorded only where it names code (a PyTorch factory, a
+    metric's function): an ONNX recipe's results from before the kind are judged as they were, a torch recipe's are
+    not (an edit to its model class would go unseen)."""
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits.copy(), labels)
+    raw["recipe"] = {**raw["recipe"], **({"resolved": resolved} if resolved is not None else {})}
+    raw["evidence"] = [name for name in raw["evidence"] if name != "project_modules"]
+    problems = evaluate_gate(from_dict(raw), SPEC).problems
+    assert bool(problems) == unusable
+    assert all("record no project_modules (" in problem for problem in problems)

@@ -163,8 +163,9 @@ def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> 
 def _unrecorded(evidence: tuple[str, ...]) -> str:
     """'' when a record's `evidence` holds every kind this qbench records (qbench.results_evidence), else which it
     lacks: results.json claims every kind for what it holds, so a result lacking one would pass checks never applied
-    (and a gate told so would refuse the whole file), so it is measured again."""
-    return ", ".join(e.name for e in unrecorded(evidence, slo=True))
+    (and a gate told so would refuse the whole file), so it is measured again. The kinds of a recipe's code are the
+    resuming sweep's own record (the project modules it imported), never a job's."""
+    return ", ".join(e.name for e in unrecorded(evidence, slo=True, names_code=False))
 
 
 def reference_again(job: Job, plan: SweepPlan, decisions: Mapping[str, Decision]) -> bool:
