@@ -331,14 +331,9 @@ class Classification(Task):
         class dimension beyond the scores): every row would be wrong for every variant, and a gate would pass drops
         of 0 from an FP32 accuracy of 0. A score tensor whose top column FP32 puts beyond every label on most rows
         is no set of the labels' classes either (class_labels.decisions_beyond_labels)."""
-        if _positional_scores(output, values):
-            why = decisions_beyond_labels(metrics.top1(values), labels, np.shape(values)[1])
-            if why is not None:
-                raise LabelError(f"{why} (output {output.name!r} of shape {output.shape_text()}, read by task "
-                                 f"{self.name!r} as one class per column): a per-position output (token scores of "
-                                 "a fixed-length input) or labels of other classes; expected model.output naming "
-                                 "class scores, task span or structured for per-position scores, or labels in the "
-                                 "output's classes")  # fmt: skip
+        shown = f"output {output.name!r} of shape {output.shape_text()}"
+        if _positional_scores(output, values) and (why := decisions_beyond_labels(metrics.top1(values), labels, np.shape(values)[1], shown)):
+            raise LabelError(why)
         if not is_integer(output) or named_labels(output) or not labels.size:
             return
         given = np.unique(np.asarray(values).reshape(-1))

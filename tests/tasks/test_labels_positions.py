@@ -20,9 +20,9 @@ FP16 = [{"name": "fp16", "precision": "fp16"}]
 
 def test_decisions_beyond_every_label_on_most_rows_are_no_classes():
     predicted = np.array([5, 9, 1, 7, -1])  # 3 of the 4 decided rows beyond labels 0..1
-    assert decisions_beyond_labels(predicted, np.array([0, 1, 1, 0, 0]), 16) == (
-        "FP32's highest of its 16 score columns is beyond every label (labels 0..1) on 3 of 5 rows: its columns are "
-        "not the labels' classes")
+    assert decisions_beyond_labels(predicted, np.array([0, 1, 1, 0, 0]), 16, "output 's'").startswith(
+        "FP32's highest of its 16 score columns is beyond every label (labels 0..1) on 3 of 5 rows: the columns of "
+        "output 's' are not the labels' classes")
 
 
 @pytest.mark.parametrize(("predicted", "labels", "classes"), [
@@ -32,7 +32,7 @@ def test_decisions_beyond_every_label_on_most_rows_are_no_classes():
     (np.array([-1, -1]), np.array([0, 1]), 16),  # no row decided (NaN/inf everywhere)
 ])  # fmt: skip
 def test_decisions_within_the_labels_classes_are_judged(predicted, labels, classes):
-    assert decisions_beyond_labels(predicted, labels, classes) is None
+    assert decisions_beyond_labels(predicted, labels, classes, "output 's'") is None
 
 
 def _token_scorer() -> object:
@@ -66,8 +66,8 @@ def test_token_scores_of_a_fixed_length_read_against_row_labels_are_refused(tmp_
 
     monkeypatch.setattr(qbench.sweep, "_check_reference_runs", lambda prepared: None)  # no dry run: FP32 on every row
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
-    assert said(f"on {beyond} of 120 rows: its columns are not the labels' classes (output 'scores' of shape "
-                "[None, 16], read by task 'classification' as one class per column)", capsys.readouterr().err)
+    assert said(f"on {beyond} of 120 rows: the columns of output 'scores' of shape [None, 16] are not the labels' "
+                "classes (classification reads one class per column)", capsys.readouterr().err)
 
 
 def test_a_classifier_evaluated_on_a_few_of_its_classes_is_judged(tmp_path, monkeypatch, capsys):
