@@ -15,7 +15,7 @@ def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     stored in a 16-bit type (float16, bfloat16: quantized weights are refused), or that rounds activations to one
     between FP32 nodes, says so in its params and notes: it is the baseline every drop and
     speed-up is measured from, and it is not the float model. One computing in float64 says so in its params
-    (`computes_in`), which the gate's note on a variant left as the reference reads."""
+    (`computes_in`, which the gate's note on a variant left as the reference reads) and notes."""
     reference = ctx.reference_path.resolve()
     if not reference.is_file():
         raise QbenchError(f"variant {spec.name!r}: the FP32 model {reference} does not exist")
@@ -29,6 +29,7 @@ def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=reference,
         params={"source": "the recipe's model, unchanged", **({"stored_weights": stored} if stored else {}),
                 **({"computes_in": computes_in} if computes_in else {})},
-        notes=(f"the FP32 reference {stored}",) if stored else (),
+        notes=tuple(note for note in (f"the FP32 reference {stored}" if stored else None,
+                                      f"the FP32 reference computes in {computes_in}" if computes_in else None) if note),
         borrowed=True,
     )

@@ -24,6 +24,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from qbench.recipe import VariantSpec  # noqa: E402
 from qbench.variants import BuildContext, build_variant  # noqa: E402
+from qbench.variants.base import BuiltVariant  # noqa: E402
 
 FEATURES = 6
 VARIANTS = [
@@ -154,7 +155,7 @@ def test_the_reference_says_it_computes_in_float64_where_its_graph_does(tmp_path
     nodes counted too), nothing for a float32 graph; the gate's note on a variant left as the reference reads it."""
     from onnx import TensorProto, helper
 
-    def built(elem: int, cast_at_end: bool) -> dict:
+    def built(elem: int, cast_at_end: bool) -> BuiltVariant:
         nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["n"])]
         out = "n"
         if cast_at_end:
@@ -167,11 +168,14 @@ def test_the_reference_says_it_computes_in_float64_where_its_graph_does(tmp_path
         path = tmp_path / f"{elem}-{cast_at_end}.onnx"
         onnx.save(model, str(path))
         return build_variant(VariantSpec(name="fp32", precision="fp32"),
-                             BuildContext(reference_path=path, workdir=tmp_path / "w")).params
+                             BuildContext(reference_path=path, workdir=tmp_path / "w"))
 
-    assert built(TensorProto.DOUBLE, False)["computes_in"] == "float64"
-    assert built(TensorProto.FLOAT, True)["computes_in"] == "fp32 and float64 (1 of 3 nodes in float64)"
-    assert "computes_in" not in built(TensorProto.FLOAT, False)
+    doubles = built(TensorProto.DOUBLE, False)
+    assert doubles.params["computes_in"] == "float64"
+    assert doubles.notes == ("the FP32 reference computes in float64",)
+    assert built(TensorProto.FLOAT, True).params["computes_in"] == "fp32 and float64 (1 of 3 nodes in float64)"
+    floats = built(TensorProto.FLOAT, False)
+    assert "computes_in" not in floats.params and not floats.notes
 
 
 def test_float64_nodes_are_found_only_where_float64_is():
