@@ -173,9 +173,15 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
             readers = [] if same else found.params.get("fp32_nodes_reading_lowered", [])
             after = {} if same or contractions else found.params.get("lowered_after_predictors", {})
             notes.append(computed_after_note(found, reference, predictors, after, readers) if after
-                         else f"{variant}@{backend} computes in {reference.precision} ({why}): its pass says nothing "
+                         else f"{variant}@{backend} computes in {computed_in(reference)} ({why}): its pass says nothing "
                          f"about {found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
     return notes
+
+
+def computed_in(reference: VariantResult) -> str:
+    """What the reference computes in: its precision, or what its build found instead (`computes_in`: a float64
+    graph, which no conversion or quantizer touches, so a variant left as it computes in float64, not FP32)."""
+    return str(reference.params.get("computes_in", reference.precision))
 
 
 def computed_after_note(
@@ -201,7 +207,7 @@ def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str
     said nothing about BF16, as if the variant were the FP32 model."""
     lowered = ", ".join(f"{count} {op}" for op, count in found.params.get("lowered_op_types", {}).items())
     shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
-    return (f"{found.key} computes in {reference.precision} ({why}), but its {reference.precision.upper()} node(s) "
+    return (f"{found.key} computes in {computed_in(reference)} ({why}), but its {reference.precision.upper()} node(s) "
             f"{shown} read values it rounds to {found.precision} ({lowered} lowered): its pass measures that rounding "
             f"of their inputs (a value moved across a threshold), not {found.precision} arithmetic")
 

@@ -162,6 +162,16 @@ def test_a_torch_variant_whose_ops_all_ran_in_float32_gets_the_computes_in_fp32_
         "int8-h@torch-cpu computes in fp32 (nothing in the graph was lowered to fp16): its pass says nothing about fp16"]
 
 
+def test_a_variant_left_as_a_float64_reference_is_noted_as_computing_in_float64():
+    """A float64 graph (computes_in in the reference's params): its FP16 and INT8 variants, left as it is, were noted
+    as computing in fp32."""
+    reference = replace(REFERENCE, params={"computes_in": "float64"})
+    same = replace(variant("int8-d", 0.95, {"noisy": 0.90, "clean": 0.99}), params={"identical_to": "fp32"})
+    report = evaluate_gate(sweep(reference, same), SPEC)
+    assert report.notes == ("int8-d@onnxruntime-cpu computes in float64 (nothing in the graph was lowered to int8): "
+                            "its pass says nothing about int8",)
+
+
 def test_a_half_precision_variant_lowering_no_contraction_gets_the_computes_in_fp32_note():
     """An FP16 graph whose MatMuls all stay FP32 inside control flow, only the condition lowered (`lowered_contractions`
     0 of `contractions` 4): its pass read as an FP16 pass. A graph with no contraction at all (elementwise) lowers its

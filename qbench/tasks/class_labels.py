@@ -105,3 +105,27 @@ def class_key(value: object) -> str:
 def _number_key(value: object) -> str:
     """A class of a table of integer classes: the text "07" of a CSV label names class 7."""
     return class_key(as_number(value))
+
+
+def decisions_beyond_labels(predicted: np.ndarray, labels: np.ndarray, classes: int, output: str) -> str | None:
+    """Why the `classes` columns of a score output (`output`: its name and shape, for the message) are not the labels'
+    classes, judged by FP32's `predicted` column of each row (INVALID_CLASS, -1, where it gives NaN/inf) against row
+    `labels` (class ids), else None: the labels reach at most half of the columns and FP32's top column lies beyond
+    every label on most rows. A row decided there is wrong whatever the labels, so such an FP32 accuracy measures the
+    reading, not the model: a per-position output (token scores of an input of a fixed length, [rows, 128] beside
+    input ids [rows, 128]) read as one class per position, or labels of another task's classes (10 against a
+    1000-class head). A classifier evaluated on rows of a few of its classes decides those classes on most of them."""
+    decided = predicted >= 0
+    if labels.ndim != 1 or not labels.size or labels.min() < 0 or not decided.any():
+        return None
+    highest = int(labels.max())
+    if 2 * (highest + 1) > classes:
+        return None
+    beyond = int(np.count_nonzero(predicted > highest))
+    if 2 * beyond <= int(np.count_nonzero(decided)):
+        return None
+    return (f"FP32's highest of its {classes} score columns is beyond every label (labels 0..{highest}) on {beyond} "
+            f"of {len(predicted)} rows: the columns of {output} are not the labels' classes (classification reads "
+            "one class per column): a per-position output (token scores of a fixed-length input) or labels of other "
+            "classes; expected model.output naming class scores, task span or structured for per-position scores, or "
+            "labels in the output's classes")

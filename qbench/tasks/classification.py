@@ -33,7 +33,15 @@ from qbench.tasks.base import (
     thresholded_log_problem,
     wilson,
 )
-from qbench.tasks.class_labels import as_number, class_key, integral, label_columns, plain_class_ids, text_class_ids
+from qbench.tasks.class_labels import (
+    as_number,
+    class_key,
+    decisions_beyond_labels,
+    integral,
+    label_columns,
+    plain_class_ids,
+    text_class_ids,
+)
 from qbench.tasks.tokens import (
     TokenRows,
     any_token_list,
@@ -137,6 +145,13 @@ def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
             return None
         return tuple(sorted(str(k) for k in keys)) if all(isinstance(k, str) for k in keys) else tuple(sorted(keys))
     return None if tuple(keys) == tuple(range(len(keys))) else tuple(keys)
+
+
+def _positional_scores(output: TensorMeta, values: np.ndarray) -> bool:
+    """Whether FP32's `values` of `output` are scores whose arg-max is a column number a row label is read as: a float
+    (rows, columns) tensor of three or more columns, decided by its highest, whose graph names no class per column."""
+    return (output.kind == "tensor" and is_float(output) and np.ndim(values) == 2 and np.shape(values)[1] > 2
+            and not output.lowest_wins and not output.off_label and column_classes(output) is None)
 
 
 def _negative(value: Any) -> bool:
@@ -314,7 +329,11 @@ class Classification(Task):
         """An integer output the graph states no class table for gives class ids or class values of its own; labels
         sharing none of the values FP32 gives are in another coding (class values against ids, ids of a symbolic
         class dimension beyond the scores): every row would be wrong for every variant, and a gate would pass drops
-        of 0 from an FP32 accuracy of 0."""
+        of 0 from an FP32 accuracy of 0. A score tensor whose top column FP32 puts beyond every label on most rows
+        is no set of the labels' classes either (class_labels.decisions_beyond_labels)."""
+        shown = f"output {output.name!r} of shape {output.shape_text()}"
+        if _positional_scores(output, values) and (why := decisions_beyond_labels(metrics.top1(values), labels, np.shape(values)[1], shown)):
+            raise LabelError(why)
         if not is_integer(output) or named_labels(output) or not labels.size:
             return
         given = np.unique(np.asarray(values).reshape(-1))

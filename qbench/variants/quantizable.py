@@ -98,6 +98,11 @@ def nested_nodes_note(model: onnx.ModelProto, op_types: Collection[str]) -> list
 
 def float64_nodes(model: onnx.ModelProto) -> list[str]:
     """Names of the nodes with a float64 input or output (a scikit-learn model converted with double inputs)."""
+    return [node.name for node in computing_in_float64(model) if node.name]
+
+
+def computing_in_float64(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The main graph's nodes with a float64 input or output, named or not."""
     graph = model.graph
     declared = [*graph.input, *graph.output, *graph.value_info]
     casts = any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE for n in graph.node for a in n.attribute)
@@ -110,8 +115,18 @@ def float64_nodes(model: onnx.ModelProto) -> list[str]:
     except Exception:  # noqa: BLE001 - inference is a refinement; the declared types still count
         pass
     types = {v.name: v.type.tensor_type.elem_type for v in declared} | {t.name: t.data_type for t in graph.initializer}
-    return [node.name for node in graph.node
-            if node.name and any(types.get(t) == onnx.TensorProto.DOUBLE for t in (*node.input, *node.output))]  # fmt: skip
+    return [node for node in graph.node
+            if any(types.get(t) == onnx.TensorProto.DOUBLE for t in (*node.input, *node.output))]  # fmt: skip
+
+
+def reference_arithmetic(model: onnx.ModelProto) -> str | None:
+    """What a float reference computes in where that is not FP32 alone: 'float64' where every node of its main graph
+    has a float64 input or output, 'fp32 and float64 (2 of 5 nodes in float64)' where some do; None where none do.
+    A variant left as the reference computes as it does, so a note saying it 'computes in fp32' was untrue there."""
+    doubles, total = len(computing_in_float64(model)), len(model.graph.node)
+    if not doubles:
+        return None
+    return "float64" if doubles == total else f"fp32 and float64 ({doubles} of {total} nodes in float64)"
 
 
 def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> str:

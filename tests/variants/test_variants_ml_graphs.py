@@ -24,6 +24,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 
 from qbench.recipe import VariantSpec  # noqa: E402
 from qbench.variants import BuildContext, build_variant  # noqa: E402
+from qbench.variants.base import BuiltVariant  # noqa: E402
 
 FEATURES = 6
 VARIANTS = [
@@ -147,6 +148,34 @@ def test_a_float64_mlp_builds_under_every_variant_and_quantizes_nothing(data, tm
     np.testing.assert_allclose(ran[1], expected[1], rtol=1e-6)
     unchanged = built.onnx_path == path.resolve() or built.params.get("quantized_nodes") == 0
     assert unchanged and any("nothing to" in note or "no node was quantized" in note for note in built.notes)
+
+
+def test_the_reference_says_it_computes_in_float64_where_its_graph_does(tmp_path):
+    """computes_in in the FP32 reference's params: 'float64' where every node is, the share where some are (unnamed
+    nodes counted too), nothing for a float32 graph; the gate's note on a variant left as the reference reads it."""
+    from onnx import TensorProto, helper
+
+    def built(elem: int, cast_at_end: bool) -> BuiltVariant:
+        nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["n"])]
+        out = "n"
+        if cast_at_end:
+            nodes.append(helper.make_node("Cast", ["n"], ["y"], to=TensorProto.DOUBLE))
+            out = "y"
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", elem, [None, 2])],
+                                  [helper.make_tensor_value_info(out, TensorProto.DOUBLE if cast_at_end else elem,
+                                                                 [None, 2])])  # fmt: skip
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        path = tmp_path / f"{elem}-{cast_at_end}.onnx"
+        onnx.save(model, str(path))
+        return build_variant(VariantSpec(name="fp32", precision="fp32"),
+                             BuildContext(reference_path=path, workdir=tmp_path / "w"))
+
+    doubles = built(TensorProto.DOUBLE, False)
+    assert doubles.params["computes_in"] == "float64"
+    assert doubles.notes == ("the FP32 reference computes in float64",)
+    assert built(TensorProto.FLOAT, True).params["computes_in"] == "fp32 and float64 (1 of 3 nodes in float64)"
+    floats = built(TensorProto.FLOAT, False)
+    assert "computes_in" not in floats.params and not floats.notes
 
 
 def test_float64_nodes_are_found_only_where_float64_is():

@@ -1,0 +1,88 @@
+"""Score columns that are no classes of the labels: a per-position output of a fixed-length input (token scores
+[rows, 16] beside input ids [rows, 16], one label per row) was read as 16 classes, FP32 scored a meaningless
+accuracy near 0 and the gate passed every variant. FP32's measurement now refuses it on data.label
+(qbench.tasks.class_labels.decisions_beyond_labels); a classifier whose evaluation rows hold a few of its classes is
+judged as before."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from task_projects import graph_model, plain_ort, project, run_all, said, table
+
+from qbench.cli_app import main
+from qbench.tasks.class_labels import decisions_beyond_labels
+
+LENGTH = 16
+FP16 = [{"name": "fp16", "precision": "fp16"}]
+
+
+def test_decisions_beyond_every_label_on_most_rows_are_no_classes():
+    predicted = np.array([5, 9, 1, 7, -1])  # 3 of the 4 decided rows beyond labels 0..1
+    assert decisions_beyond_labels(predicted, np.array([0, 1, 1, 0, 0]), 16, "output 's'").startswith(
+        "FP32's highest of its 16 score columns is beyond every label (labels 0..1) on 3 of 5 rows: the columns of "
+        "output 's' are not the labels' classes")
+
+
+@pytest.mark.parametrize(("predicted", "labels", "classes"), [
+    (np.array([5, 9, 1, 0]), np.array([0, 1, 1, 0]), 16),  # beyond on 2 of 4 rows: not most
+    (np.array([9, 9, 9, 9]), np.array([0, 8, 1, 0]), 16),  # labels reach 9 of 16 columns: more than half
+    (np.array([9, 9, 9, 9]), np.array([[0, 1], [1, 0], [0, 0], [1, 1]]), 16),  # token labels: the token check's
+    (np.array([-1, -1]), np.array([0, 1]), 16),  # no row decided (NaN/inf everywhere)
+])  # fmt: skip
+def test_decisions_within_the_labels_classes_are_judged(predicted, labels, classes):
+    assert decisions_beyond_labels(predicted, labels, classes, "output 's'") is None
+
+
+def _token_scorer() -> object:
+    """Input ids [batch, 16] -> embedding (50 x 8) -> one score per token [batch, 16]: a fixed sequence length."""
+    rng = np.random.default_rng(0)
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [None, LENGTH])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, [None, LENGTH])
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["embedded"]),
+             helper.make_node("MatMul", ["embedded", "head"], ["scored"]),
+             helper.make_node("Squeeze", ["scored", "last"], ["scores"])]  # fmt: skip
+    weights = [numpy_helper.from_array(rng.normal(size=(50, 8)).astype(np.float32), "table"),
+               numpy_helper.from_array(rng.normal(size=(8, 1)).astype(np.float32), "head"),
+               numpy_helper.from_array(np.array([2], dtype=np.int64), "last")]  # fmt: skip
+    return graph_model(nodes, [ids], [scores], weights)
+
+
+def test_token_scores_of_a_fixed_length_read_against_row_labels_are_refused(tmp_path, monkeypatch, capsys):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 50, size=(120, LENGTH))
+    labels = rng.integers(0, 2, size=120)
+    model = _token_scorer()
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(ids, labels), variants=FP16)
+    answers = plain_ort(tmp_path / "model.onnx", {"ids": ids})["scores"].argmax(axis=1)
+    beyond = int(np.count_nonzero(answers > 1))  # hand-computed with ONNX Runtime and numpy
+    assert beyond > 60
+    assert main(["validate", str(recipe)]) == 2  # validate's FP32 run on a few rows shows it
+    assert said("data.label: column 'y': FP32's highest of its 16 score columns is beyond every label (labels 0..1)",
+                capsys.readouterr().err)  # fmt: skip
+    import qbench.sweep
+
+    monkeypatch.setattr(qbench.sweep, "_check_reference_runs", lambda prepared: None)  # no dry run: FP32 on every row
+    assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
+    assert said(f"on {beyond} of 120 rows: the columns of output 'scores' of shape [None, 16] are not the labels' "
+                "classes (classification reads one class per column)", capsys.readouterr().err)
+
+
+def test_a_classifier_evaluated_on_a_few_of_its_classes_is_judged(tmp_path, monkeypatch, capsys):
+    """A 16-feature, 16-class linear classifier on rows of classes 0..3 only: FP32 decides them, as it should."""
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, 4, size=120)
+    features = (rng.normal(scale=0.7, size=(120, LENGTH)) + 2.0 * np.eye(LENGTH)[labels]).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, LENGTH])
+    logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, LENGTH])
+    weight = numpy_helper.from_array(np.eye(LENGTH, dtype=np.float32), "w")
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["logits"])], [x], [logits], [weight])
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features, labels), variants=FP16)
+    answers = plain_ort(tmp_path / "model.onnx", {"x": features})["logits"].argmax(axis=1)
+    expected = float(np.mean(answers == labels))  # hand-computed with ONNX Runtime and numpy
+    assert 0 < np.count_nonzero(answers > 3) < 60 and 0.5 < expected < 1.0  # some rows decided beyond the labels
+    results, _ = run_all(recipe, capsys)
+    assert results.find("fp32", "onnxruntime-cpu").accuracy.overall.metrics["accuracy"] == pytest.approx(expected)
