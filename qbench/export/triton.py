@@ -284,7 +284,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     fixed = fixed_batch_of(info)
     lines += perf_analyzer_commands(name, measured, batched=fixed is None)
     batching = (_batcher_text(measured) if fixed is None else
-                f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
+                f"The model has a fixed batch of {fixed} (an input's static first dimension), so config.pbtxt does not "
                 f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
     lines += [
         "```",
