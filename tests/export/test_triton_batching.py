@@ -4,6 +4,7 @@ a dynamic first dimension; any other model is served unbatched, each request one
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -66,3 +67,24 @@ def test_an_initial_state_fixing_a_batch_of_one_is_served_unbatched(tmp_path: Pa
     rows = {"x": np.ones((4, 3), np.float32), "h0": np.zeros((4, 1, 3), np.float32)}
     (step,) = input_data_steps(rows, fixed_batch=1)
     assert {name: tensor["shape"] for name, tensor in step.items()} == {"x": [1, 3], "h0": [1, 1, 3]}
+
+
+def test_the_load_point_of_a_fixed_batch_model_gets_no_command_replaying_it() -> None:
+    """qbench simulates a fixed-batch model's load as single rows at the rate, each batch filled up to the model's
+    rows. Its config has no dynamic batcher (max_batch_size 0), so the README's 'same load' command, each request a
+    whole batch of 8 rows at 100 req/s, sent 800 rows/s to Triton where qbench simulated 100, under a text naming a
+    batcher 'as in config.pbtxt'. A batched model's README keeps its command."""
+    from qbench.export.triton import _load_lines
+    from qbench.results_serving import LoadStats, ServingResult
+
+    at_rate = LoadStats(100.0, 300, 0.9, 1.8, 2.7, 1.0, 0.4, 1.2, 99.0)
+    serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=50.0, rate_rps=100.0, max_batch_size=8,
+                            max_queue_delay_ms=2.0, requests=300, seed=0, at_rate=at_rate)  # fmt: skip
+    measured = dataclasses.replace(make_variant("v", "int8", p50_by_batch={8: 1.0}), serving=serving)
+
+    fixed = "\n".join(_load_lines("m", measured, 8))
+    assert "--request-rate-range" not in fixed and "as in config.pbtxt" not in fixed
+    assert "Triton cannot serve that load" in fixed and "filled up to the model's 8 rows" in fixed
+    batched = _load_lines("m", measured, None)
+    (command,) = [line for line in batched if line.startswith("perf_analyzer")]
+    assert "--request-rate-range 100:100:1" in command and " -b 1 " in command
