@@ -240,6 +240,34 @@ def _left_out_lines(info: ModelInfo) -> list[str]:
             "Runtime backend serves only the outputs its config lists."]  # fmt: skip
 
 
+def _load_lines(name: str, measured: VariantResult, fixed: int | None) -> list[str]:
+    """The README's section on qbench's load point (none without one): its figures and the perf_analyzer command
+    replaying it, where config.pbtxt has the dynamic batcher it simulated. A model with a `fixed` batch has none
+    (max_batch_size 0: each request must carry a whole batch), so Triton cannot gather single rows into its batches
+    as qbench simulated, and the command, each request a whole batch at the rows' rate, would send `fixed` times the
+    rows: no command is given, and the section says so."""
+    serving = measured.serving
+    load = load_command(name, measured)
+    if load is None or serving is None or serving.at_rate is None:
+        return []
+    at_rate = serving.at_rate
+    batcher = (f"max batch {serving.max_batch_size}, max queue delay {serving.max_queue_delay_ms:g} ms, "
+               + (f"each batch filled up to the model's {fixed} rows" if fixed is not None else
+                  "as in config.pbtxt unless overridden"))  # fmt: skip
+    simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic batcher "
+                 f"({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 {at_rate.p99_ms:.3f} "
+                 f"ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
+    if fixed is not None:
+        return ["", "## qbench's load point", "", simulated +
+                f" Triton cannot serve that load: config.pbtxt has no dynamic batcher (max_batch_size 0, as the model "
+                f"takes batches of {fixed} rows only), so each request must carry a whole batch; replaying it would "
+                f"send {fixed} times the rows. Export the model with a dynamic batch axis to serve single-row "
+                "requests."]  # fmt: skip
+    return ["", "## Reproduce qbench's load point", "",
+            simulated + " The same load on the server:", "", "```",
+            load, "```"]
+
+
 def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantResult, info: ModelInfo,
             verdict: GateVerdict, forced: bool, sha256: str, target: TritonTarget) -> str:  # fmt: skip
     latency = measured.latency
@@ -284,7 +312,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
     fixed = fixed_batch_of(info)
     lines += perf_analyzer_commands(name, measured, batched=fixed is None)
     batching = (_batcher_text(measured) if fixed is None else
-                f"The model has a fixed batch of {fixed} (its inputs' first dimension), so config.pbtxt does not "
+                f"The model has a fixed batch of {fixed} (an input's static first dimension), so config.pbtxt does not "
                 f"batch (max_batch_size 0): each request carries a whole batch of {fixed} rows.")  # fmt: skip
     lines += [
         "```",
@@ -292,15 +320,7 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         f"{batching} perf_analyzer's latency also counts the request's trip through the server "
         "(gRPC, copies); its server-side `compute infer` time is the figure to compare with qbench's p50.",
     ]
-    load, serving = load_command(name, measured), measured.serving
-    if load is not None and serving is not None and serving.at_rate is not None:
-        at_rate = serving.at_rate
-        lines += ["", "## Reproduce qbench's load point", "",
-                  f"qbench simulated Poisson arrivals at {serving.rate_rps:g} req/s through a dynamic batcher (max batch "
-                  f"{serving.max_batch_size}, max queue delay {serving.max_queue_delay_ms:g} ms, as in config.pbtxt "
-                  f"unless overridden) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
-                  f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} "
-                  "requests. The same load on the server:", "", "```", load, "```"]  # fmt: skip
+    lines += _load_lines(name, measured, fixed)
     lines += ["", f"`{INPUT_DATA_FILE}` holds a seeded sample of the recipe's evaluation rows (every combination of "
               "slices getting its share) as qbench fed them, each with its shape; "
               f"`{rows_file(Path(INPUT_DATA_FILE)).name}` names them (data table positions). perf_analyzer's default "

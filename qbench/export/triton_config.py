@@ -55,8 +55,14 @@ def _triton_type(tensor: TensorMeta) -> EnumValue:
 
 
 def fixed_batch_of(info: ModelInfo) -> int | None:
-    """The batch every input of the model fixes (`x: [8, 64]`), None when the batch dimension is dynamic. Triton
-    cannot batch such a model: its config has max_batch_size 0 and full dims, each request a whole batch."""
+    """The batch of rows each call of the model takes when its inputs fix one, None when every input takes any
+    number of rows on axis 0. An input of rank 2 or more with a static axis 0 fixes it, as the sweep ran the model
+    (`ModelInfo.batch_dims`): `x: [8, 64]`, or a recurrent net's initial state h0 [1, batch, H] beside x [batch, T,
+    F], a batch of 1; otherwise inputs of rank 1 that all state one length (`[3]`: that many rows). Triton cannot
+    batch such a model: its config has max_batch_size 0 and full dims, each request a whole batch."""
+    fixed = set(info.batch_dims.values())
+    if len(fixed) == 1:
+        return fixed.pop()
     firsts = {t.shape[0] if t.shape else None for t in info.inputs.values()}
     return firsts.pop() if len(firsts) == 1 and None not in firsts else None
 
