@@ -94,8 +94,7 @@ def test_a_server_far_below_capacity_forming_small_batches_is_shown_keeping_up_b
 
 
 def test_the_capacity_bounds_by_hand():
-    """40 batches: 30 of 4 rows in 2 ms and 10 of 2 rows in 1.5 ms. The top quarter of sizes (4 rows) bounds it from
-    below: 120 rows in 60 ms, every residual 4 - 2 x 2 = 0, so exactly 2 rows per ms, 2,000 req/s; the full batches
+    """40 batches: 30 of 4 rows in 2 ms and 10 of 2 rows in 1.5 ms. The largest 30 (4 rows) bound it from below: 120 rows in 60 ms, every residual 4 - 2 x 2 = 0, so exactly 2 rows per ms, 2,000 req/s; the full batches
     (4 rows) taken without idling, the same from above."""
     sizes = np.array([4] * 30 + [2] * 10)
     works = np.array([2.0] * 30 + [1.5] * 10)
@@ -117,7 +116,7 @@ def test_too_few_batches_cannot_tell_and_say_so():
     arrivals = np.arange(80) * 1.0
     judged = keep_up(100.0, sizes, works, np.zeros(20, dtype=bool), 4, arrivals, arrivals + 1.0, 80)
     assert judged.verdict is Verdict.UNDECIDED
-    assert judged.reason == f"20 batches of its largest sizes, expected at least {MIN_BATCHES}"
+    assert judged.reason == f"20 batches, expected at least {MIN_BATCHES} to bound its capacity"
 
 
 def test_latencies_growing_over_the_run_are_not_shown_keeping_up_whatever_the_batches_say():
