@@ -206,7 +206,8 @@ def served_stats(served: Served, rate_rps: float, overhead_ms: float = 0.0) -> L
 class RealServer(Protocol):
     def __call__(self, rate_rps: float, overhead_ms: float, budget_ms: float, runs: int = 1) -> LoadStats:
         """The real figures at a Poisson rate (req/s), with a per-request overhead (ms), given up past a budget (ms),
-        over `runs` runs' worth of requests in one."""
+        over `runs` runs' worth of requests in one (no more than MAX_SECONDS of arrivals, unless one run takes more:
+        at 20 req/s four runs of MIN_REQUESTS would take 40 s)."""
 
 
 def real_server(
@@ -223,7 +224,7 @@ def real_server(
     done = {"runs": 0, "requests": 0}  # over the runs so far
 
     def at(rate_rps: float, overhead_ms: float, budget_ms: float = math.inf, runs: int = 1) -> LoadStats:
-        requests = requests_at(rate_rps) * runs
+        requests = min(requests_at(rate_rps) * runs, max(requests_at(rate_rps), math.ceil(MAX_SECONDS * rate_rps)))
         gaps = np.random.default_rng([seed, done["runs"]]).exponential(1.0, requests)
         served = serve(runner, rows, np.cumsum(gaps) * (1000.0 / rate_rps), batcher, budget_ms - overhead_ms,
                        fixed_batch, padding, first_row=done["requests"] % count)  # fmt: skip

@@ -282,3 +282,23 @@ def test_a_run_that_cannot_tell_whether_the_server_keeps_up_is_no_pass_and_the_s
     found = served_max_rate(server, 5000.0, budget_ms=10.0)
     assert found.max_rate_rps is not None and 0.9 * 1000 <= found.max_rate_rps <= 1000
     assert not found.at_max.keep_up_undecided
+
+
+def test_a_settling_run_is_several_runs_long_within_max_seconds_of_arrivals(monkeypatch):
+    """runs=4 at 1,000 req/s: four runs' worth (4 x 250 requests) would be 1 s of arrivals, past MAX_SECONDS (here
+    0.5 s): 500 requests; one run stays 250 (a settling run at 20 req/s took 40 s before the cap)."""
+    import qbench.validate.serve as serve_module
+
+    sizes: list[int] = []
+    real_serve = serve_module.serve
+
+    def recording_serve(runner, rows, arrivals_ms, *args, **kwargs):
+        sizes.append(arrivals_ms.size)
+        return real_serve(runner, rows, arrivals_ms, *args, **kwargs)
+
+    monkeypatch.setattr(serve_module, "serve", recording_serve)
+    monkeypatch.setattr(serve_module, "MAX_SECONDS", 0.5)
+    server = real_server(SleepingRunner(), ROWS, Batcher(8, 1.0), seed=0)
+    server(1_000.0, 0.0, 1000.0)
+    server(1_000.0, 0.0, 1000.0, runs=4)
+    assert sizes == [250, 500]
