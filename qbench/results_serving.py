@@ -20,7 +20,7 @@
                               on the ceil(rate / max_rate) instances it takes; with a rate budget only)
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
-              overloaded
+              overloaded, keep_up_undecided
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class LoadStats:
     # the rate is at or above what one instance sustains (full batches at the mean service time): under sustained
     # traffic its queue grows without bound, however short the finite simulation's tail looks
     overloaded: bool = False
+    # a real run only: why it could not tell whether the server keeps up at the rate ('' when it could; the
+    # simulation's never): neither within nor beyond the capacity its batches bound (qbench.validate.keep_up)
+    keep_up_undecided: str = ""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
 from qbench.validate.load_search import search_max_rate
-from qbench.validate.serve import RealServer, real_server, served_max_rate
+from qbench.validate.serve import SETTLE_RUNS, RealServer, real_server, served_max_rate
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
@@ -101,7 +101,7 @@ def instance_rate_rps(serving: ServingResult) -> float | None:
     if highest is None or not rate or budget is None or highest >= rate:
         return highest
     judged = p99_under_load(serving, rate)
-    met = judged is not None and within(judged[0], budget) and not judged[1]
+    met = judged is not None and within(judged[0], budget) and not judged[1] and not _undecided(serving)
     return rate if met else highest
 
 
@@ -202,7 +202,8 @@ def _with_load(
     budget's rate is served for real only where no real run at a rate at least as high met the budget (a slow model,
     or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
-    search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing."""
+    search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
+    A run at the budget's rate that cannot tell whether the server keeps up is served again, SETTLE_RUNS runs long."""
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
@@ -216,6 +217,8 @@ def _with_load(
     # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped
     if budget.rate_rps and (search.cut_short or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
+        if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
+            served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=SETTLE_RUNS)
     return replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
@@ -299,6 +302,10 @@ def _judge_one(
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged
+        if within(observed, budget.p99_ms) and not behind and _undecided(serving):
+            return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
+                          f"instance keeps up ({_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "
+                          "runs on, or budget a rate further from the instance's capacity")  # fmt: skip
         served = serving.served_at_rate
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
@@ -359,6 +366,12 @@ def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str]
     if served is not None and served.overloaded:
         return observed, f"the real server fell behind at the rate (it completed {served.achieved_rps:.4g} req/s)"
     return observed, ""
+
+
+def _undecided(serving: ServingResult) -> str:
+    """Why the real run at the budget's rate could not tell whether the instance keeps up ('' when it could, or none
+    was served)."""
+    return serving.served_at_rate.keep_up_undecided if serving.served_at_rate is not None else ""
 
 
 def p99_basis(samples: int, serving: ServingResult | None) -> str:

@@ -39,3 +39,29 @@ def test_a_search_cut_short_by_its_cost_does_not_skip_the_real_run_at_the_budget
     assert served[-1] == 100.0 and serving.served_at_rate is not None and serving.served_at_rate.rate_rps == 100.0
     assert serving.simulated_undecided and serving.simulated_requests == 80_000
     assert math.isfinite(serving.at_rate.p99_ms)
+
+
+def test_a_budget_rate_run_that_cannot_tell_is_served_again_longer_and_judged_only_when_it_can(tmp_path):
+    """The real run at the budget's rate cannot tell whether the server keeps up: it is served once more, SETTLE_RUNS
+    runs long; what that run shows is recorded (here it can tell: the server keeps up)."""
+    from qbench.validate.serve import SETTLE_RUNS
+
+    recipe = load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 32]},
+        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
+    )))  # fmt: skip
+    samples = {1: np.full(200, 0.5), 32: np.full(200, 2.0)}
+    points = [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),
+                           bs * 1000 / float(v.mean())) for bs, v in samples.items()]  # fmt: skip
+    calls: list[tuple[float, int]] = []
+
+    def server(rate: float, overhead_ms: float, budget_ms: float, runs: int = 1) -> LoadStats:
+        calls.append((rate, runs))
+        undecided = "" if runs > 1 or rate > 100.0 else "12 batches of its largest sizes, expected at least 30"
+        meets = rate <= 50.0  # real runs above 50 req/s miss the budget: the budget's rate is served for real
+        return LoadStats(rate, 1000, 0.5, 0.8, 1.0 if meets else 30.0, 0.6, 0.1, 1.0, rate, keep_up_undecided=undecided)
+
+    serving = serving_figures(recipe, "onnxruntime-cpu", samples, points, model_bytes=4000, runtime={},
+                              preprocess_ms_per_row=0.0, server=server)  # fmt: skip
+    assert calls[-2:] == [(100.0, 1), (100.0, SETTLE_RUNS)]
+    assert serving.served_at_rate is not None and not serving.served_at_rate.keep_up_undecided

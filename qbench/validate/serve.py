@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -33,7 +34,9 @@ from qbench.backends.base import Runner, served_call
 from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
 from qbench.results_serving import LoadStats
+from qbench.validate.keep_up import KeepUp, keep_up
 from qbench.validate.load import Batcher
+from qbench.validate.tail import Verdict
 
 # the client and the batcher are Python threads: with CPython's default 5 ms switch interval a client busy sending
 # requests holds the batcher off for up to 5 ms, a cost of this server's language, not of serving
@@ -46,7 +49,9 @@ MIN_REQUESTS = 200  # at least twice MIN_P99_SAMPLES: a p99 from fewer holds one
 STEP = 0.8  # a rate the real server misses is retried this much lower
 MAX_RUNS = 16  # real runs at most; when none passes, no rate is claimed
 MAX_SECONDS = 10.0  # of arrivals over all runs: a rate whose run would pass it is not tried (none is claimed)
-KEEP_UP = 0.95  # served at least this share of the offered rate (completions per second over arrivals per second)
+# a run at the budget's rate that cannot tell whether the server keeps up is served again once, this many runs' worth
+# of requests long (the capacity bound narrows as the square root of its batches: to half as wide)
+SETTLE_RUNS = 4
 
 
 @dataclass(frozen=True)
@@ -61,15 +66,17 @@ class Served:
     # it was given up (or their arrival, if later): a lower bound of their latency
     done_ms: np.ndarray
     completed: int  # requests served (a prefix: the queue is FIFO)
+    # per batch: the server's work on it (from taking it to taking the next, less the batcher's waits for requests)
+    # and whether the model idled (the batcher waited) before it was taken; a given-up run's last batch has neither
+    work_ms: np.ndarray
+    idle_before: np.ndarray
+    max_batch_size: int
 
-    def keeps_up(self) -> bool:
-        """Every request served, and completions per second over arrivals per second, both between the first and
-        the last: a server that falls behind completes at its own capacity whatever the budget, however short the run."""
-        if self.completed < self.done_ms.size:
-            return False
-        offered = self.arrivals_ms[-1] - self.arrivals_ms[0]
-        served = self.done_ms.max() - self.done_ms.min()  # all served here
-        return served <= offered / KEEP_UP if offered > 0 else True
+    def keeps_up(self, rate_rps: float) -> KeepUp:
+        """Whether the run shows the server keeping up at `rate_rps`, falling behind, or cannot tell
+        (qbench.validate.keep_up: the batches' work bounds the server's capacity)."""
+        return keep_up(rate_rps, self.batch_sizes[: self.work_ms.size], self.work_ms, self.idle_before, self.max_batch_size,
+                       self.arrivals_ms, self.done_ms, self.completed)  # fmt: skip
 
 
 def serve(
@@ -93,6 +100,8 @@ def serve(
     completed: list[int] = [0]
     late_s, late_allowed = late_ms / 1000.0, n // 100
     sizes: list[int] = []
+    taken: list[float] = []  # when each batch was taken, and (last) when the batcher was done with the last one
+    waited: list[float] = []  # per batch: how long the batcher waited for requests before taking it
     assembly: list[float] = []
     runs: list[float] = []
     delay_s = batcher.max_queue_delay_ms / 1000.0
@@ -120,14 +129,21 @@ def serve(
         try:
             with served_call(runner) as call:  # entered in this thread: a runner's modes are per thread
                 while served < n:
+                    idle = 0.0
                     with ready:
                         while not queue:
+                            idle -= time.perf_counter()
                             ready.wait()
+                            idle += time.perf_counter()
                         deadline = scheduled_s[queue[0]] + delay_s
                         while len(queue) < batcher.max_batch_size and (left := deadline - time.perf_counter()) > 0:
+                            idle -= time.perf_counter()
                             ready.wait(left)
+                            idle += time.perf_counter()
                         batch = [queue.popleft() for _ in range(min(len(queue), batcher.max_batch_size))]
                     started = time.perf_counter()
+                    taken.append(started)
+                    waited.append(idle)
                     feeds = {name: np.concatenate([singles[row_of[k]][name] for k in batch]) for name in rows}
                     if fixed_batch is not None and len(batch) < fixed_batch:
                         feeds = take_batch(feeds, fixed_batch)
@@ -146,6 +162,7 @@ def serve(
                     if late > late_allowed:
                         given_up.append(True)
                         return
+                taken.append(time.perf_counter())
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             failure.append(exc)
 
@@ -162,27 +179,35 @@ def serve(
     if failure:
         raise failure[0]
     done = np.where(np.isfinite(done), done, np.maximum(time.perf_counter(), scheduled_s))
+    work = np.diff(taken) - np.append(waited[1:], 0.0)[: len(taken) - 1] if len(taken) > 1 else np.zeros(0)
     return Served((done - scheduled_s) * 1000, (enqueued - scheduled_s) * 1000, np.asarray(sizes), np.asarray(assembly),
-                  np.asarray(runs), arrivals_ms - arrivals_ms[0], (done - scheduled_s[0]) * 1000, completed[0])  # fmt: skip
+                  np.asarray(runs), arrivals_ms - arrivals_ms[0], (done - scheduled_s[0]) * 1000, completed[0],
+                  work * 1000, np.asarray(waited[: work.size]) > 0, batcher.max_batch_size)  # fmt: skip
 
 
 def served_stats(served: Served, rate_rps: float, overhead_ms: float = 0.0) -> LoadStats:
-    """The real run's figures in the simulation's terms; `overloaded` when the server did not keep up."""
+    """The real run's figures in the simulation's terms; `overloaded` when the run showed the server falling behind,
+    `keep_up_undecided` (why) when it could not tell whether it keeps up (`Served.keeps_up`)."""
     latencies = served.latencies_ms + overhead_ms
     p50, p95, p99 = np.percentile(latencies, [50, 95, 99])
     n, completed = latencies.size, served.completed
     span_ms = float(served.done_ms[completed - 1]) if completed else math.inf
     work_ms = np.repeat(served.run_ms + served.assembly_ms, served.batch_sizes)
     wait_ms = served.latencies_ms[:completed] - work_ms
+    kept = served.keeps_up(rate_rps)
     return LoadStats(rate_rps=rate_rps, requests=n, p50_ms=float(p50), p95_ms=float(p95), p99_ms=float(p99),
                      mean_ms=float(latencies.mean()), mean_wait_ms=float(wait_ms.mean()),
                      mean_batch_size=completed / len(served.batch_sizes),
                      achieved_rps=completed * 1000.0 / span_ms if span_ms > 0 else math.inf,
-                     overloaded=not served.keeps_up())  # fmt: skip
+                     overloaded=kept.verdict is Verdict.FAIL,
+                     keep_up_undecided=kept.reason if kept.verdict is Verdict.UNDECIDED else "")  # fmt: skip
 
 
-# the real figures at a Poisson rate (req/s), with a per-request overhead (ms), given up past a budget (ms)
-RealServer = Callable[[float, float, float], LoadStats]
+class RealServer(Protocol):
+    def __call__(self, rate_rps: float, overhead_ms: float, budget_ms: float, runs: int = 1) -> LoadStats:
+        """The real figures at a Poisson rate (req/s), with a per-request overhead (ms), given up past a budget (ms),
+        over `runs` runs' worth of requests in one (no more than MAX_SECONDS of arrivals, unless one run takes more:
+        at 20 req/s four runs of MIN_REQUESTS would take 40 s)."""
 
 
 def real_server(
@@ -198,8 +223,8 @@ def real_server(
     count = len(next(iter(rows.values())))
     done = {"runs": 0, "requests": 0}  # over the runs so far
 
-    def at(rate_rps: float, overhead_ms: float, budget_ms: float = math.inf) -> LoadStats:
-        requests = requests_at(rate_rps)
+    def at(rate_rps: float, overhead_ms: float, budget_ms: float = math.inf, runs: int = 1) -> LoadStats:
+        requests = min(requests_at(rate_rps) * runs, max(requests_at(rate_rps), math.ceil(MAX_SECONDS * rate_rps)))
         gaps = np.random.default_rng([seed, done["runs"]]).exponential(1.0, requests)
         served = serve(runner, rows, np.cumsum(gaps) * (1000.0 / rate_rps), batcher, budget_ms - overhead_ms,
                        fixed_batch, padding, first_row=done["requests"] % count)  # fmt: skip
@@ -246,7 +271,7 @@ def served_max_rate(
         stats = run(rate)
         if stats is not None and _meets(stats, budget_ms):  # confirmed by a second run: one calm run is not enough
             second = run(rate)
-            stats = None if second is None else max(stats, second, key=lambda s: (s.overloaded, s.p99_ms))
+            stats = None if second is None else max(stats, second, key=_worse)
         if stats is None:
             break
         if _meets(stats, budget_ms):
@@ -261,4 +286,9 @@ def served_max_rate(
 
 
 def _meets(stats: LoadStats, budget_ms: float) -> bool:
-    return stats.p99_ms <= budget_ms and not stats.overloaded
+    """Within the budget, and shown keeping up: a run that cannot tell fails too (the search steps down)."""
+    return stats.p99_ms <= budget_ms and not stats.overloaded and not stats.keep_up_undecided
+
+
+def _worse(stats: LoadStats) -> tuple[bool, bool, float]:
+    return stats.overloaded, bool(stats.keep_up_undecided), stats.p99_ms

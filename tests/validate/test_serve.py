@@ -259,3 +259,46 @@ def test_two_real_runs_at_a_rate_are_two_samples_fresh_arrivals_and_the_rows_aft
     assert seconds.seen == set(range(200, 400))
     assert not np.array_equal(arrivals[1], arrivals[2])  # the same server's two runs
     assert np.array_equal(arrivals[0], arrivals[1])  # reproducible from the seed
+
+
+def test_each_batchs_work_holds_its_run_and_leaves_out_the_batchers_waits():
+    """The work keep_up bounds the capacity with, per batch: from taking it to taking the next, less the waits for
+    requests; so at least the batch's assembly and run, and the first batch (on an empty queue) follows a wait."""
+    arrivals = np.cumsum(np.random.default_rng(0).exponential(1000 / 200, size=100))
+    served = serve(SleepingRunner(), ROWS, arrivals, Batcher(4, 1.0))
+    assert served.work_ms.size == served.batch_sizes.size == served.idle_before.size
+    assert np.all(served.work_ms >= served.run_ms + served.assembly_ms)
+    assert served.idle_before[0] and served.max_batch_size == 4
+
+
+def test_a_run_that_cannot_tell_whether_the_server_keeps_up_is_no_pass_and_the_search_steps_down():
+    """A server within budget everywhere whose runs above 1,000 req/s cannot tell whether it keeps up: none of them is
+    claimed (the 95 % rule passed them), the search steps down to where its runs can tell."""
+
+    def server(rate, overhead_ms, budget_ms):
+        undecided = "capacity 950 req/s to unbounded at 99%, not above the rate" if rate > 1000 else ""
+        return LoadStats(rate, 500, 1.0, 2.0, 5.0, 1.0, 0.1, 1.0, rate, keep_up_undecided=undecided)
+
+    found = served_max_rate(server, 5000.0, budget_ms=10.0)
+    assert found.max_rate_rps is not None and 0.9 * 1000 <= found.max_rate_rps <= 1000
+    assert not found.at_max.keep_up_undecided
+
+
+def test_a_settling_run_is_several_runs_long_within_max_seconds_of_arrivals(monkeypatch):
+    """runs=4 at 1,000 req/s: four runs' worth (4 x 250 requests) would be 1 s of arrivals, past MAX_SECONDS (here
+    0.5 s): 500 requests; one run stays 250 (a settling run at 20 req/s took 40 s before the cap)."""
+    import qbench.validate.serve as serve_module
+
+    sizes: list[int] = []
+    real_serve = serve_module.serve
+
+    def recording_serve(runner, rows, arrivals_ms, *args, **kwargs):
+        sizes.append(arrivals_ms.size)
+        return real_serve(runner, rows, arrivals_ms, *args, **kwargs)
+
+    monkeypatch.setattr(serve_module, "serve", recording_serve)
+    monkeypatch.setattr(serve_module, "MAX_SECONDS", 0.5)
+    server = real_server(SleepingRunner(), ROWS, Batcher(8, 1.0), seed=0)
+    server(1_000.0, 0.0, 1000.0)
+    server(1_000.0, 0.0, 1000.0, runs=4)
+    assert sizes == [250, 500]
