@@ -22,6 +22,7 @@ from qbench.recipe import Recipe
 from qbench.recipe_slo import MIN_P99_SAMPLES, CostSpec, SloSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
+from qbench.validate.background import hand_over_beside_timing, settle_before_timing
 from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
 from qbench.validate.clock import PhaseClock
@@ -209,9 +210,12 @@ def _with_load(
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
     replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
+    hand_over_beside_timing()  # the MLflow logging held since the last measurement runs beside the simulation
     with clock.within("simulation"):
         at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
+    with clock.within("track"):  # waiting for it is MLflow's cost, not inference
+        settle_before_timing()  # idle again before the real serving runs are timed
     served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
     served_at_rate = None
     # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped

@@ -43,6 +43,7 @@ from qbench.results import RangeAnalysis, SweepResults, VariantResult, write_res
 from qbench.runs import RESULTS_FILE, mark_complete, mark_incomplete, new_run_dir, record_tracking, utc_now
 from qbench.supervisor import announce_run
 from qbench.track_process import RemoteTracker
+from qbench.validate.background import hand_over_beside_timing
 from qbench.validate.catalogue import custom_metrics
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contention_notes
@@ -181,6 +182,7 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
         raise
     run = run_plan(plan, prepared, executor, store, progress, run_dir, clock, retries=recipe.executor.retries,
                    resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)  # fmt: skip
+    hand_over_beside_timing()  # the last variant's MLflow logging runs beside the range analysis and the reports
     ranges = _range_analysis(prepared, run.calibrated, run.results, run_dir, clock)
     results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges, search=run.search)
     return _publish(recipe, results, progress, started)

@@ -7,6 +7,9 @@ first: `prestart`), then the variants' builds. Calls that only log are handed ov
 the opening of the runs where the sweep's jobs run in its own process (`open(wait=False)`); ending the runs waits
 for its answer. Before anything is timed, `measure` waits until the process has done all it was handed
 (qbench.validate.background), so no MLflow work runs beside a timed run; while it is busy, ready builds go first.
+A finished variant's logging is sent held: the process keeps it until the next stretch that times nothing (a
+build, the next measurement's load simulation, the range analysis) or the next full settle, so that it is not
+waited for before the next measurement's timed runs; kept in the process, it is logged should the sweep's die.
 
 What the sweep sees is what SweepTracker gives it: opening fails with a QbenchError naming the store (from `open`,
 or, when it did not wait, from the first call that waits: before anything is timed); a store failing later is
@@ -225,6 +228,7 @@ class RemoteTracker:
         self._process = process
         self._opening = opening  # the open call handed over, its answer not read yet
         self._refused: str | None = None  # why the store refused to open the runs (read from a later call's wait)
+        self._holding = False  # the calls sent since a variant finished wait in the tracking process (`_hand`)
         self._settled = ExitStack()
         self._settled.enter_context(settled_before_timing(self))
 
@@ -256,7 +260,22 @@ class RemoteTracker:
         return self._process.failure
 
     def busy(self) -> bool:
-        return self._process.busy
+        return self._holding or self._process.busy
+
+    def _hand(self, call: str, *args: Any, hold: bool = False, **kwargs: Any) -> None:
+        """Send `call`; with `hold`, or after a call held, the tracking process keeps it, in order, until it is handed
+        over (`hand_over`, `settle`, `close`, `abort`, or this process gone: qbench.track_worker)."""
+        self._holding = self._holding or hold
+        if self._holding:
+            self._process.send("held", call, args, kwargs)
+        else:
+            self._process.send(call, *args, **kwargs)
+
+    def hand_over(self) -> None:
+        """Let the tracking process start the calls it holds; returns at once."""
+        if self._holding:
+            self._holding = False
+            self._process.send("hand_over")
 
     def _wait(self, number: int) -> Any:
         """The answer to call `number`, once the opening of the runs has answered: its refusal is raised (once; later
@@ -270,15 +289,20 @@ class RemoteTracker:
                 raise
         return None if self._refused is not None else self._process.wait(number)
 
-    def settle(self) -> None:
-        """Return once the tracking process has done every call handed to it."""
+    def settle(self, *, keep_held: bool = False) -> None:
+        """Return once the tracking process has done every call sent to it; unless `keep_held`, the calls held are
+        sent first."""
+        if not keep_held:
+            self.hand_over()
         self._wait(self._process.send("settle"))
 
     def variant_started(self, variant: str, backend: str) -> None:
-        self._process.send("variant_started", variant, backend)
+        self._hand("variant_started", variant, backend)
 
     def variant_finished(self, results: SweepResults, variant: VariantResult, *, reused: bool = False) -> None:
-        self._process.send("variant_finished", results, variant, reused=reused)
+        """Held: its logging (metrics, datasets, the model) waits for the next untimed stretch (`hand_over`) or
+        settle (qbench.validate.background)."""
+        self._hand("variant_finished", results, variant, hold=True, reused=reused)
 
     def close(self, results: SweepResults, recipe: Recipe, gate: GateReport | None,
               artifacts: Sequence[Path]) -> str | None:  # fmt: skip

@@ -5,7 +5,8 @@ process: it is kept idle between them) and answers it with the call's value and
 the store's failure so far; qbench's log records go back to be logged by the sweep's process. An unexpected error
 in a call counts as the store's failure (the runs end FAILED, later calls are skipped, the sweep goes on). When
 the sweep's process goes away without ending the runs (its pipe closes: SIGKILL, a native crash), they are ended
-KILLED here.
+KILLED here. A call sent held waits, in order, until any other call but `settle` comes (`hand_over` is nothing
+else), or the pipe closes: it is then run first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from qbench.track import SweepTracker
 
 _CALLS = ("variant_started", "variant_finished", "close", "abort")  # SweepTracker's, once open
+# calls that leave the held ones held: the rest run them first (qbench.track_process.RemoteTracker._hand)
+_KEEPING_HELD = ("held", "settle")
 
 
 class _Forward(logging.Handler):
@@ -55,6 +58,21 @@ class _Session:
         self._scope = ExitStack()
         self.tracker: SweepTracker | None = None
         self.ended = False
+        self.held: list[tuple[int, str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def take(self, number: int, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Run `call`, after the calls held unless it keeps them held; a `held` call is kept."""
+        if call == "held":
+            self.held.append((number, *args))
+            return
+        if call not in _KEEPING_HELD:
+            self.run_held()
+        self.run(number, call, args, kwargs)
+
+    def run_held(self) -> None:
+        while self.held:  # one at a time: the sweep's process gone while one runs, `gone` runs the rest
+            number, call, args, kwargs = self.held.pop(0)
+            self.run(number, call, args, kwargs)
 
     def run(self, number: int, call: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         value = None
@@ -64,7 +82,7 @@ class _Session:
             elif call in _CALLS and self.tracker is not None:
                 value = getattr(self.tracker, call)(*args, **kwargs)
                 self.ended = self.ended or call in ("close", "abort")
-            elif call != "settle":
+            elif call not in ("settle", "hand_over"):
                 raise QbenchError(f"the MLflow logging process has no call {call!r} (or no runs open for it)")
         except QbenchError as exc:
             self._send(("raised", number, str(exc)))
@@ -98,6 +116,13 @@ class _Session:
                                                       "FAILED)", self.tracker.failure)  # fmt: skip
             self.tracker.abort("FAILED", "failed: MLflow logging error")
             self.ended = True
+
+    def gone(self) -> None:
+        """The sweep's process went away: the calls held (the variants it finished) still run, unanswered, then its
+        runs are ended."""
+        self._send = lambda message: None
+        self.run_held()
+        self.orphaned()
 
     def orphaned(self) -> None:
         """The sweep's process went away without ending its runs."""
@@ -144,10 +169,10 @@ def main(calls_fd: int, answers_fd: int, level: int) -> int:
         try:
             number, call, args, kwargs = calls.recv()
         except EOFError:
-            session.orphaned()
+            session.gone()
             return 0
         try:
-            session.run(number, call, args, kwargs)
+            session.take(number, call, args, kwargs)
         except OSError:  # the sweep's process is gone: nobody reads the answers
-            session.orphaned()
+            session.gone()
             return 0

@@ -54,15 +54,19 @@ def runs_by_name(recipe: Path) -> dict[str, str]:
     return {run.info.run_name: run.info.status for run in client.search_runs([experiment.experiment_id])}
 
 
-def test_the_sweeps_process_never_imports_mlflow_and_no_logging_runs_while_anything_is_timed(tmp_path: Path) -> None:
-    """The tracking process writes when each call it runs starts and ends; the sweep's process, when each timed
-    part of `measure` (the cold start and the latency samples) starts and ends. No call overlaps a timed part."""
-    recipe = make_fp16_project(tmp_path)
+TIMED = {"qbench.validate.measure": ("measure_cold_start", "measure_samples", "measure_batcher_samples"),
+         "qbench.validate.serve": ("serve",)}  # the cold start, the latency samples, the idle starts, the real server
+
+
+def swept_with_records(tmp_path: Path, recipe: Path) -> tuple[list[list], list[list]]:
+    """`recipe` swept in a process of its own, whose tracking process writes when each call it runs starts and ends,
+    and which writes when each timed part of a measurement (TIMED) starts and ends: (calls, timed parts), each
+    [name, start, end] in the order they ended. The sweep's process must not have imported MLflow."""
     calls, timed = tmp_path / "calls.jsonl", tmp_path / "timed.jsonl"
     hook = tracking_process_hook(tmp_path / "hook", "import qbench.track\n"
                                  + recording("qbench.track.SweepTracker", OPEN_TO_CLOSE, calls))  # fmt: skip
-    sweep = "import json, sys\nimport qbench.validate.measure\n" + recording(
-        "qbench.validate.measure", ("measure_cold_start", "measure_samples"), timed) + f"""
+    sweep = "import json, sys\nimport qbench.validate.measure, qbench.validate.serve\n" + "".join(
+        recording(module, names, timed) for module, names in TIMED.items()) + f"""
 from qbench.sweep import run_sweep
 outcome = run_sweep({str(recipe)!r})
 print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in sys.modules]))
@@ -73,15 +77,41 @@ print(json.dumps([outcome.mlflow_run_id, outcome.tracking_failure, "mlflow" in s
     assert done.returncode == 0, done.stderr[-3000:]
     run_id, failure, imported = json.loads(done.stdout.strip().splitlines()[-1])
     assert run_id and failure is None and imported is False
-    logged = [json.loads(line) for line in calls.read_text().splitlines()]
-    windows = [json.loads(line) for line in timed.read_text().splitlines()]
+    return ([json.loads(line) for line in calls.read_text().splitlines()],
+            [json.loads(line) for line in timed.read_text().splitlines()])  # fmt: skip
+
+
+def overlapping(calls: list[list], windows: list[list]) -> list[tuple[list, list]]:
+    return [(call, window) for call in calls for window in windows if call[1] < window[2] and window[1] < call[2]]
+
+
+def test_the_sweeps_process_never_imports_mlflow_and_no_logging_runs_while_anything_is_timed(tmp_path: Path) -> None:
+    """No call of the tracking process overlaps a timed part of a measurement."""
+    recipe = make_fp16_project(tmp_path)
+    logged, windows = swept_with_records(tmp_path, recipe)
     assert [name for name, *_ in logged].count("variant_finished") == 2  # fp32 and fp16
     assert [name for name, *_ in windows].count("measure_samples") == 2  # each variant's, after its cold start
-    overlapping = [(call, window) for call in logged for window in windows
-                   if call[1] < window[2] and window[1] < call[2]]  # fmt: skip
-    assert not overlapping
+    assert not overlapping(logged, windows)
     assert runs_by_name(recipe) == {f"tumour-mlp sweep {p.name}": "FINISHED" for p in (tmp_path / "reports" /
                                     "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
+
+
+def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_beside_a_timed_run(tmp_path: Path) -> None:
+    """With `slo:`, FP32's logging is held past FP16's timed runs, which it no longer delays, and runs while FP16's
+    load simulation is computed: it starts after FP16's idle starts were timed and ends before its real server runs."""
+    recipe = make_fp16_project(tmp_path)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["latency"]["iterations"] = 100  # the fewest an `slo:` budget is judged from
+    raw["slo"] = {"p99_ms": 1000, "rate_rps": 20, "load": {"max_queue_delay_ms": 1, "requests": 200, "seed": 0}}
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    logged, windows = swept_with_records(tmp_path, recipe)
+    assert not overlapping(logged, windows)
+    first_logged = next(call for call in logged if call[0] == "variant_finished")
+    idle_starts = [window for window in windows if window[0] == "measure_batcher_samples"]
+    served = [window for window in windows if window[0] == "serve"]
+    assert len(idle_starts) == 2 and served[-1][1] > idle_starts[1][2]  # FP32's and FP16's; FP16 served after
+    fp16_served = next(window for window in served if window[1] > idle_starts[1][2])
+    assert idle_starts[1][2] <= first_logged[1] and first_logged[2] <= fp16_served[1]
 
 
 def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:

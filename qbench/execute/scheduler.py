@@ -55,7 +55,7 @@ from qbench.provenance import model_sha256
 from qbench.results import AccuracyResult, VariantResult
 from qbench.results_search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
-from qbench.validate.background import busy_beside_timing, settle_before_timing
+from qbench.validate.background import busy_beside_timing, hand_over_beside_timing, settle_before_timing
 from qbench.validate.clock import PhaseClock
 from qbench.validate.measure import failed_result
 from qbench.variants.base import BuiltVariant
@@ -160,8 +160,8 @@ class Scheduler:
     def _start_ready(self, pending: list[Job]) -> list[Job]:
         """Start (or settle without running) every job whose dependencies are done, in plan order; in this process,
         while work beside the measurements is busy (the MLflow logging: qbench.validate.background), jobs that time
-        nothing (builds) first. A job that times waits here for that work to settle, so that a store refusing the
-        sweep's runs stops the sweep here, not inside a job."""
+        nothing (builds) first, the work held handed over as they start. A job that times waits here for the work
+        handed over to settle, so that a store refusing the sweep's runs stops the sweep here, not inside a job."""
         here = self.executor.in_process
         order = sorted(pending, key=lambda job: job.needs.timing) if here and busy_beside_timing() else pending
         started: set[str] = set()
@@ -174,11 +174,13 @@ class Scheduler:
                 self._measured(job, settled, None)
                 continue
             work = self._work(job)
+            if job.needs.timing and here:  # what is held stays so: the job hands it over where it times nothing
+                t = time.perf_counter()
+                settle_before_timing(keep_held=True)
+                self.clock.add("track", t)  # waiting for it is MLflow's cost (as in measure)
+            else:  # a build times nothing; a job run elsewhere times nothing here
+                hand_over_beside_timing()
             if job.needs.timing:  # a build that times nothing opens no run: its variant's measurement does
-                if here:
-                    t = time.perf_counter()
-                    settle_before_timing()
-                    self.clock.add("track", t)  # waiting for it is MLflow's cost (as in measure)
                 self._open(job.variant, job.backend or self.plan.backends[0])
             self._submit(job, work)
         return [job for job in pending if job.id not in started]

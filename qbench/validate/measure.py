@@ -205,7 +205,10 @@ def measure(
                                                       *(a.batch_size for a in mix), rows.batch_size, 1)  # fmt: skip
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
     t = time.perf_counter()
-    settle_before_timing()  # the sweep's MLflow logging, in its own process, idle from here on
+    # the sweep's MLflow logging, in its own process, idle from here on; the logging held since the last measurement
+    # runs beside this one's load simulation, which times nothing (qbench.slo), where there is one
+    simulates = timing is not None and serving and prepared.recipe.slo is not None
+    settle_before_timing(keep_held=simulates)
     if clock is not None:
         clock.add("track", t)  # waiting for it is MLflow's cost, not inference
     t, carved = time.perf_counter(), clock.carved if clock is not None else 0.0

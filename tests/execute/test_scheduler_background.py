@@ -30,7 +30,10 @@ class SlowToSettle:
     def busy(self) -> bool:
         return not self.settled_after
 
-    def settle(self) -> None:
+    def hand_over(self) -> None:
+        """Holds nothing."""
+
+    def settle(self, *, keep_held: bool = False) -> None:
         self.settled_after.append({json.loads(p.read_text())["job"] for p in self.reports.glob(f"*/{JOBS_FOLDER}/*.json")})
 
 
