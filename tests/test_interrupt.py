@@ -46,10 +46,10 @@ def test_a_shielded_block_finishes_before_the_signal_is_raised() -> None:
 def test_a_signal_in_locking_code_is_raised_again_once_outside_it(where: str) -> None:
     with SignalGuard() as guard:
         guard._handle(signal.SIGTERM, _frame_in(where))  # type: ignore[arg-type]  # what the handler would see
-        started = time.monotonic()
         with pytest.raises(Interrupted, match="SIGTERM"):
-            _wait_for_signal()  # SIGALRM re-raises it here, in this test's own code
-        assert time.monotonic() - started < 0.5
+            # SIGALRM re-raises it here, in this test's own code, 50 ms on; the wait only ends the test when it never
+            # comes (a bound on how soon it came would rest on how soon a loaded machine runs this process)
+            _wait_for_signal(60.0)
 
 
 def test_a_held_back_signal_is_dropped_once_the_clean_up_ignores_signals() -> None:

@@ -69,9 +69,14 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     swept: Swept, mlflow_server: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     client = swept.client
-    # the loose gate passes int8-minmax and fp16 (FP32 is the reference, not a candidate): the faster at b1 wins
+    # the loose gate passes int8-minmax and fp16 (FP32 is the reference, not a candidate): the faster at b1 wins, the
+    # more accurate when their timings are within the noise (best_passing, pinned by the tests with fixed timings
+    # below); which that is depends on this machine's timings, so it is read from them, not from the lower p50 alone
     candidates = [v for v in swept.results.variants if v.variant != "fp32"]
-    winner = min(candidates, key=lambda v: v.latency.at(1).p50_ms)
+    recipe = load_recipe(swept.recipe)
+    gate = evaluate_gate(swept.results, recipe.gate)
+    assert {gate.status_of(v.variant, v.backend) for v in candidates} == {"pass"}
+    winner = best_passing(swept.results, gate, 1, ["onnxruntime-cpu"])["onnxruntime-cpu"]
     assert main(["gate", str(swept.recipe), "--register", MODEL]) == 0
     registered = capsys.readouterr()
     assert f"{winner.variant}@onnxruntime-cpu registered as {MODEL} version 1" in registered.out
@@ -111,7 +116,6 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     # another winner (here: the other variant made fastest at batch 1) is a new version, and the alias moves to it
     other = next(v.variant for v in candidates if v.variant != winner.variant)
     results = _latency_swapped(swept.results, fast_at_1=other, fast_at_4=winner.variant)
-    recipe = load_recipe(swept.recipe)
     (entry,) = register_best(recipe, results, evaluate_gate(results, recipe.gate), swept.run_dir, RegistrySpec(model=MODEL))
     assert (entry.variant, entry.version, entry.existing) == (other, "2", False)
     assert client.get_model_version_by_alias(MODEL, "candidate").version == "2"

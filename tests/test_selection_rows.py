@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_explain import write_fragile_project
+from test_explain import SEARCH_BUDGET_S, write_fragile_project
 
 from qbench.recipe import load_recipe
 from qbench.sweep import run_sweep
@@ -55,7 +55,7 @@ def test_the_int8_search_chooses_on_rows_the_gate_does_not_judge(tmp_path, monke
 
     calls = _recorded(monkeypatch, qbench.search.run)
     path = write_fragile_project(tmp_path, [])
-    outcome = _sweep(path, search={"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]})
+    outcome = _sweep(path, search={"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-dynamic", "ort-static"]})
     report = outcome.results.search
     assert calls and all(rows <= CALIBRATION_ROWS for _, rows in calls)  # no candidate ran on the evaluation rows
     assert any(rows == SELECTION_ROWS for name, rows in calls if name != "fp32")  # evaluated on every selection row
@@ -92,7 +92,8 @@ def test_without_rows_apart_from_the_evaluation_the_choice_and_the_gate_say_so(t
     raw["data"]["calibration"] = {"filter": {"split": "eval"}, "samples": 64, "overlap": "allow"}
     # the pick loses 2 of the 200 rows, a pass its upper bound does not resolve: noted, so that the verdict has notes
     gate = {**raw["gate"], "unresolved": "note"}
-    outcome = _sweep(path, data=raw["data"], search={"time_budget_s": 60, "techniques": ["ort-dynamic"]}, gate=gate)
+    search = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-dynamic"]}
+    outcome = _sweep(path, data=raw["data"], search=search, gate=gate)
     report = outcome.results.search
     assert report.selection_rows is None and "also judge it" in report.notes[0]
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
@@ -111,7 +112,8 @@ def test_candidates_are_chosen_on_rows_no_candidate_was_calibrated_on(tmp_path):
     from qbench.preflight import prepare
 
     path = write_fragile_project(tmp_path, [])
-    prepared = prepare(_changed(path, search={"time_budget_s": 60, "techniques": ["ort-static"]}), track=False)
+    search = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-static"]}
+    prepared = prepare(_changed(path, search=search), track=False)
     fitted, selected = _rows(prepared.calibration_batches), _rows([prepared.selection.feeds])
     assert len(fitted) == FITTED_ROWS and len(selected) == SELECTION_ROWS and not fitted & selected
     assert prepared.selection.from_sample == SELECTION_ROWS

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
+from test_explain import SEARCH_BUDGET_S
 
 from qbench.cli_app import main
 from qbench.gate_run import latest_results
@@ -102,7 +103,8 @@ def top1(path: Path) -> np.ndarray:
 
 def test_a_fixed_batch_model_is_swept_on_exactly_its_rows(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    search = {"time_budget_s": 30, "techniques": ["ort-static", "ort-dynamic"], "screen_rows": 10, "max_keep_float": 0}
+    search = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-static", "ort-dynamic"], "screen_rows": 10,
+              "max_keep_float": 0}
     results = sweep(project(tmp_path / "fixed", BATCH, search=search), capsys)
     assert results.recipe["latency"]["batch_sizes"] == [BATCH]
     assert results.evaluation_rows == ROWS and results.calibration.size == 30

@@ -67,11 +67,23 @@ def _run_briefly(monitor: GpuMonitor, seconds: float = 0.05) -> dict[str, float]
     return monitor.stop()
 
 
+def _sampled(nvml: FakeNvml, count: int, deadline_s: float = 60.0) -> None:
+    """Wait until the monitor's thread has read `nvml` `count` times: a fixed sleep got fewer samples on a loaded
+    machine, where the thread waits for a CPU; the deadline only stops a monitor that never samples."""
+    give_up = time.monotonic() + deadline_s
+    while len(nvml.returned_memory_mib) < count:
+        assert time.monotonic() < give_up, f"{len(nvml.returned_memory_mib)} of {count} samples after {deadline_s} s"
+        time.sleep(0.002)
+
+
 def test_figures_summarise_every_sample_taken() -> None:
     nvml = FakeNvml()
-    figures = _run_briefly(GpuMonitor(interval_s=0.005, nvml=nvml))
+    monitor = GpuMonitor(interval_s=0.005, nvml=nvml)
+    monitor.start()
+    _sampled(nvml, 2)
+    figures = monitor.stop()
     returned = nvml.returned_utilisation
-    assert len(returned) >= 3, f"expected several samples in 50 ms at 5 ms intervals, got {len(returned)}"
+    assert len(returned) >= 3, f"expected the thread's samples and stop()'s last one, got {len(returned)}"
     assert figures["gpu_util_mean_pct"] == pytest.approx(sum(returned) / len(returned))
     assert figures["gpu_util_max_pct"] == max(returned)
     assert figures["gpu_mem_used_max_mb"] == max(nvml.returned_memory_mib)
@@ -87,10 +99,11 @@ def test_a_run_shorter_than_the_interval_is_still_sampled() -> None:
 
 
 def test_snapshot_reports_while_running() -> None:
-    monitor = GpuMonitor(interval_s=0.005, nvml=FakeNvml())
+    nvml = FakeNvml()
+    monitor = GpuMonitor(interval_s=0.005, nvml=nvml)
     monitor.start()
     try:
-        time.sleep(0.03)
+        _sampled(nvml, 1)
         assert monitor.running
         assert monitor.snapshot()["gpu_samples"] >= 1
     finally:

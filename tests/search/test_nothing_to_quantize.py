@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import WIDTH, write_fragile_project
+from test_explain import SEARCH_BUDGET_S, WIDTH, write_fragile_project
 
 from qbench.gate import EXIT_UNUSABLE
 from qbench.recipe import load_recipe
@@ -38,7 +38,7 @@ def test_a_model_whose_weights_are_all_in_a_gru_is_told_where_its_weights_are(tm
     path = write_fragile_project(tmp_path, [])
     gru_model(tmp_path / "model.onnx")
     raw = yaml.safe_load(path.read_text())
-    raw["search"] = {"time_budget_s": 60}
+    raw["search"] = {"time_budget_s": SEARCH_BUDGET_S}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     outcome = run_sweep(load_recipe(path), track=False)
     report = outcome.results.search

@@ -44,7 +44,7 @@ def test_a_pick_chosen_after_the_budget_was_spent_is_still_re_timed_and_said_so(
 
 
 def test_an_unreachable_gate_is_said_to_have_had_no_finalist(tmp_path):
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"], "max_keep_float": 0},
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic"], "max_keep_float": 0},
                            gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
     report = outcome.results.search
     assert report.outcome == "unreachable"
@@ -52,7 +52,7 @@ def test_an_unreachable_gate_is_said_to_have_had_no_finalist(tmp_path):
 
 
 def test_re_timed_finalists_are_said_with_their_rounds(tmp_path):
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, fragile=())
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic"]}, fragile=())
     report = outcome.results.search
     assert report.outcome == "passed"
     assert "finalists: medians of " in _method(report) and "interleaved rounds" in _method(report)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import fragile_model, one_gemm_model, write_fragile_project
+from test_explain import SEARCH_BUDGET_S, fragile_model, one_gemm_model, write_fragile_project
 
 from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE
 from qbench.gate_run import run_gate
@@ -38,7 +38,7 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
     if model is not None:
         model(tmp_path / "model.onnx")
     raw = yaml.safe_load(path.read_text())
-    raw["search"] = search
+    raw["search"] = {"time_budget_s": SEARCH_BUDGET_S, **search}  # a budget only where a test sets its own
     # a few dozen selection rows resolve no share-of-rows tolerance: a pass there is no pass under `fail`
     # (test_resolved_pass.py); these tests are about the search's other decisions
     raw["gate"]["unresolved"] = "note"
@@ -49,7 +49,7 @@ def _searched(tmp_path, search, *, fragile=("a",), gate=None, model=None):
 def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_path):
     """ORT's candidates all fail on the fragile node (SmoothQuant, left out here, would smooth it away);
     keeping it in float passes: that candidate is chosen."""
-    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "finalists": 2, "techniques": ["ort-dynamic", "ort-static"]})
+    recipe, outcome = _searched(tmp_path, {"finalists": 2, "techniques": ["ort-dynamic", "ort-static"]})
     report = outcome.results.search
     labels = [c.label for c in report.candidates]
     print([(c.label, c.stage, c.screen_excess, c.speedup, c.verdict) for c in report.candidates])
@@ -79,7 +79,7 @@ def test_the_search_finds_a_passing_candidate_and_records_every_candidate(tmp_pa
 def test_unreachable_names_the_closest_candidate_and_what_it_would_need(tmp_path):
     """Two fragile nodes, nothing kept in float, a tight gate: no candidate passes."""
     _, outcome = _searched(
-        tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0}, fragile=("a", "b"),
+        tmp_path, {"techniques": ["ort-static"], "max_keep_float": 0}, fragile=("a", "b"),
         gate={"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.01},
     )  # fmt: skip
     report = outcome.results.search
@@ -129,7 +129,7 @@ def test_a_chosen_candidate_slower_than_fp32_is_said_so_in_the_report_and_the_va
     monkeypatch.setattr(select, "speedup", lambda reference, candidate: 0.5)
     # and FP32's own timings steady: on a loaded machine their measured noise widened the margin past 0.5x
     monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, fragile=())
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic"]}, fragile=())
     report = outcome.results.search
     assert report.outcome == "passed"
     assert any("0.50× FP32" in note and "FP32 (or FP16) is the faster choice" in note for note in report.notes)
@@ -152,7 +152,7 @@ def test_each_screened_candidate_is_timed_beside_fp32(tmp_path, monkeypatch):
         return real_measure(backend, built, prepared, **options)
 
     monkeypatch.setattr(search_run, "measure", recording)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]}, fragile=())
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic", "ort-static"]}, fragile=())
     screened = [i for i, c in enumerate(outcome.results.search.candidates) if c.stage != "not applicable"]
     assert len(screened) >= 2
     candidates = [name for name in timed if name != "fp32"]
@@ -214,7 +214,7 @@ def test_a_candidate_building_an_earlier_candidates_graph_is_not_measured_again(
 
     monkeypatch.setattr(search_run, "build_variant", dynamic_instead)
     monkeypatch.setattr(search_run, "measure", recording)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "max_keep_float": 0})
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic", "ort-static"], "max_keep_float": 0})
     records = {c.label: c for c in outcome.results.search.candidates}
     assert records["ort-static"].stage == "duplicate" and records["ort-static"].verdict.startswith("same graph as ort-dynamic")
     assert "ort-static rr" not in records  # a duplicate is no base for a twin
@@ -278,7 +278,7 @@ def test_a_candidate_that_fails_to_run_is_said_on_the_console_not_only_in_the_re
 
     monkeypatch.setattr(search_run, "measure", static_fails)
     caplog.set_level(logging.WARNING, logger="qbench")
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0}, fragile=())
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-static"], "max_keep_float": 0}, fragile=())
     record = outcome.results.search.candidates[0]
     assert record.stage == "failed" and record.verdict == "failed to run: INVALID_GRAPH" and record.build_seconds
     assert "ort-static: failed to run: INVALID_GRAPH" in caplog.text
@@ -289,7 +289,7 @@ def test_a_candidate_with_every_quantized_node_float_is_never_chosen(tmp_path):
     a MatMul + Add) but computes in FP32, so it met a zero-tolerance gate that no INT8 candidate can: the search said
     'passed' and the gate exited 0. Now the ladder stops one node short of all, and the closest INT8 candidate is kept
     as unreachable."""
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, model=one_gemm_model,
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic"]}, model=one_gemm_model,
                            gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
     report = outcome.results.search
     assert report.outcome == "unreachable" and report.chosen is None and not any(c.passed for c in report.candidates)
@@ -311,7 +311,7 @@ def test_a_candidate_in_which_no_node_computes_in_int8_is_not_applicable(tmp_pat
         return real(spec.model_copy(update={"exclude_nodes": [*spec.exclude_nodes, "fc"]}), ctx)
 
     monkeypatch.setattr(search_run, "build_variant", gemm_excluded)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic"]}, model=one_gemm_model,
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic"]}, model=one_gemm_model,
                            gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
     report = outcome.results.search
     assert [c.stage for c in report.candidates] == ["not applicable"]
@@ -361,7 +361,7 @@ def _one_tie_project(root, rows=400, *, lone_slice=False):
                  "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
         "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
         "gate": {"metric": "agreement", "max_drop": 0.01, "max_slice_drop": 0.02, "unresolved": "note"},  # as _searched
-        "search": {"time_budget_s": 60, "techniques": ["ort-static"], "max_keep_float": 0},
+        "search": {"techniques": ["ort-static"], "max_keep_float": 0},
         "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
     }  # fmt: skip
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
@@ -418,7 +418,7 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
 
     monkeypatch.setattr(search_run._Search, "retime_finalists", retime)
     # timing_runs: a search of its own (the build store would serve another test's search of the same recipe)
-    search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 4}
+    search = {"techniques": ["ort-dynamic", "ort-static"], "timing_runs": 4}
     _, outcome = _searched(tmp_path, search, fragile=())
     report = outcome.results.search
     print([(c.label, c.stage, c.speedup, c.verdict) for c in report.candidates])
@@ -451,7 +451,7 @@ def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing
     fragile node float makes ORT dynamic pass at 1.8x: the search must try it and choose it, not stop at SmoothQuant
     (keep-float candidates were tried only when nothing passed)."""
     _screened_at(monkeypatch, lambda label: 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label else 2.0)
-    search = {"time_budget_s": 60, "techniques": ["ort-dynamic", "smoothquant-dynamic"], "timing_runs": 3}
+    search = {"techniques": ["ort-dynamic", "smoothquant-dynamic"], "timing_runs": 3}
     _, outcome = _searched(tmp_path, search)
     report = outcome.results.search
     records = {c.label: c for c in report.candidates}
@@ -468,7 +468,7 @@ def test_keep_float_is_tried_on_every_failing_candidate_not_only_the_two_fastest
     (timed fastest); it rescues ORT static, timed third: the search must still find it."""
     _screened_at(monkeypatch, lambda label: 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic") else 1.5,
                  failing=lambda record: bool(record.keep_float) and record.label.startswith("ort-dynamic"))
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"], "timing_runs": 3})
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic", "ort-static"], "timing_runs": 3})
     report = outcome.results.search
     assert not any(c.passed for c in report.candidates if not c.keep_float)
     assert any(c.stage == "failed" and c.label.startswith("ort-dynamic") for c in report.candidates)
@@ -492,7 +492,7 @@ def test_a_search_whose_calibration_rows_are_all_zero_says_so(tmp_path, monkeypa
         return real(spec, dataclasses.replace(ctx, calibration=zeros))
 
     monkeypatch.setattr(search_run, "build_variant", zero_calibration)
-    _, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-static"]}, model=one_gemm_model)
+    _, outcome = _searched(tmp_path, {"techniques": ["ort-static"]}, model=one_gemm_model)
     report = outcome.results.search
     assert report.candidates and all(c.stage == "not applicable" for c in report.candidates if c.stage != "skipped")
     assert all(select.NO_RANGE in c.verdict for c in report.candidates if c.stage == "not applicable")
@@ -522,7 +522,7 @@ def test_a_full_disk_while_building_a_candidate_fails_the_search_rather_than_pic
         return real_build(spec, ctx)
 
     monkeypatch.setattr(search_run, "build_variant", full_on_the_first)
-    recipe, outcome = _searched(tmp_path, {"time_budget_s": 60, "techniques": ["ort-dynamic", "ort-static"]})
+    recipe, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic", "ort-static"]})
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert variant.status == "failed" and variant.error.endswith("cannot write the model: No space left on device")
     records = read_records(outcome.run_dir).values()

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 import yaml
-from test_explain import write_fragile_project
+from test_explain import SEARCH_BUDGET_S, write_fragile_project
 
 import qbench.search.run as search_run
 from qbench.gate import EXIT_PASS
@@ -24,7 +24,7 @@ def test_a_repeated_sweep_reuses_the_stored_search_instead_of_searching_again(tm
     printed) and then the first search reported: the run it printed was not the run it reported."""
     path = write_fragile_project(tmp_path, [], fragile=())
     raw = yaml.safe_load(path.read_text())
-    raw["search"] = {"time_budget_s": 30, "techniques": ["ort-dynamic"]}
+    raw["search"] = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-dynamic"]}
     raw["gate"]["unresolved"] = "note"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     calls = []

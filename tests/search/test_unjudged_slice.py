@@ -11,6 +11,7 @@ import onnx
 import pandas as pd
 import yaml
 from onnx import TensorProto, helper, numpy_helper
+from test_explain import SEARCH_BUDGET_S
 
 from qbench.gate import EXIT_BREACH
 from qbench.recipe import load_recipe
@@ -50,7 +51,7 @@ def _searched(tmp_path, *, calibration_noisy, gate=None):
                  "evaluation": {"batch_size": 50}, "slices": [{"by": "condition"}]},
         "variants": [], "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 5, "threads": 1},
         "gate": {"metric": "agreement", "max_drop": 0.05, "max_slice_drop": 0.05, "unresolved": "note", **(gate or {})},
-        "search": {"time_budget_s": 30, "techniques": ["ort-static"], "max_keep_float": 0},
+        "search": {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-static"], "max_keep_float": 0},
         "tracking": {"uri": f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"}, "output_dir": "reports",
     }  # fmt: skip
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))

@@ -27,17 +27,19 @@ from qbench.validate.stability import StabilityRule
 
 
 class _SleepyRunner:
-    """Sleeps `run_s` per run and records the batch size of every call."""
+    """Sleeps `run_s` per run (by `sleep`: a `_VirtualClock`'s takes exactly that) and records the batch size of every
+    call."""
 
-    def __init__(self, run_s: float = 0.0) -> None:
+    def __init__(self, run_s: float = 0.0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.run_s = run_s
+        self.sleep = sleep
         self.batch_sizes: list[int] = []
         self.closed = False
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         self.batch_sizes.append(len(feeds["x"]))
         if self.run_s:
-            time.sleep(self.run_s)
+            self.sleep(self.run_s)
         return [feeds["x"]]
 
     def describe(self) -> dict:
@@ -45,6 +47,28 @@ class _SleepyRunner:
 
     def close(self) -> None:
         self.closed = True
+
+
+class _VirtualClock:
+    """The timing loops' clock (qbench.validate.latency's time), moved only by `sleep`: a run takes exactly what its
+    runner sleeps. A real sleep of 1 ms took 11 ms at the median on a loaded 2-core machine, so figures that rest on
+    the runs' durations (windows agreeing or not, runs within a wall-time budget) depended on that machine's load."""
+
+    def __init__(self) -> None:
+        self.ns = 0
+
+    def perf_counter_ns(self) -> int:
+        return self.ns
+
+    def sleep(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)
+
+
+@pytest.fixture
+def virtual_clock(monkeypatch: pytest.MonkeyPatch) -> _VirtualClock:
+    clock = _VirtualClock()
+    monkeypatch.setattr(latency, "time", clock)
+    return clock
 
 
 FEEDS = {"x": np.arange(6, dtype=np.float32).reshape(3, 2), "mask": np.array([[1], [2], [3]])}
@@ -159,7 +183,7 @@ def test_batcher_samples_gather_the_rows_and_time_idle_batches_from_when_the_tim
         measure_batcher_samples(_SleepyRunner(), FEEDS, [1], iterations=0, idle_ms=1.0)
 
 
-def test_idle_starts_are_timed_a_bounded_number_of_times() -> None:
+def test_idle_starts_are_timed_a_bounded_number_of_times(virtual_clock: _VirtualClock) -> None:
     """At most IDLE_RUNS per batch size whatever `iterations` asks (200 here), and past IDLE_BUDGET_S only the
     IDLE_MIN_RUNS a median needs (a 0.3 s run: 5 runs, not 30)."""
     from qbench.validate.latency import IDLE_MIN_RUNS, IDLE_RUNS
@@ -167,7 +191,7 @@ def test_idle_starts_are_timed_a_bounded_number_of_times() -> None:
     quick = _SleepyRunner()
     measure_batcher_samples(quick, FEEDS, batch_sizes=[1], iterations=200, idle_ms=1.0)
     assert len(quick.batch_sizes) == IDLE_RUNS == 30
-    slow = _SleepyRunner(run_s=0.3)
+    slow = _SleepyRunner(run_s=0.3, sleep=virtual_clock.sleep)
     measure_batcher_samples(slow, FEEDS, batch_sizes=[1], iterations=200, idle_ms=1.0)
     assert len(slow.batch_sizes) == IDLE_MIN_RUNS == 5
 
@@ -182,8 +206,8 @@ def test_steady_state_rejects_bad_counts() -> None:
 class _PhasedRunner(_SleepyRunner):
     """Sleeps 1 ms for `phase_runs` calls, then 3 ms for as many, and so on: its windows never agree."""
 
-    def __init__(self, phase_runs: int) -> None:
-        super().__init__()
+    def __init__(self, phase_runs: int, sleep: Callable[[float], None] = time.sleep) -> None:
+        super().__init__(sleep=sleep)
         self.phase_runs = phase_runs
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
@@ -192,10 +216,10 @@ class _PhasedRunner(_SleepyRunner):
         return super().run(feeds)
 
 
-def test_adaptive_timing_of_a_steady_runner_stops_early_and_is_stable() -> None:
+def test_adaptive_timing_of_a_steady_runner_stops_early_and_is_stable(virtual_clock: _VirtualClock) -> None:
     stability = StabilitySpec(threshold=0.2, windows=3, window_seconds=0.0, max_iterations=300)
-    (point,) = measure_steady_state(_SleepyRunner(run_s=0.001), FEEDS, [1], warmup=2, iterations=30,
-                                    stability=stability)  # fmt: skip
+    runner = _SleepyRunner(run_s=0.001, sleep=virtual_clock.sleep)
+    (point,) = measure_steady_state(runner, FEEDS, [1], warmup=2, iterations=30, stability=stability)
     assert 30 <= point.iterations < 300
     assert point.stable is True
     assert len(point.window_p50_ms) >= 3 and all(p >= 1.0 for p in point.window_p50_ms)  # windows of 30 // 3 runs
@@ -203,11 +227,11 @@ def test_adaptive_timing_of_a_steady_runner_stops_early_and_is_stable() -> None:
     assert point.iqr_ratio >= 0.0
 
 
-def test_adaptive_timing_that_never_agrees_hits_the_run_bound_and_is_flagged() -> None:
+def test_adaptive_timing_that_never_agrees_hits_the_run_bound_and_is_flagged(virtual_clock: _VirtualClock) -> None:
     stability = StabilitySpec(threshold=0.05, windows=3, window_runs=5, window_seconds=0.0, max_iterations=40)
     one_row = {"x": FEEDS["x"][:1]}  # one batch to rotate through: windows of exactly window_runs
-    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), one_row, [1], warmup=0, iterations=10,
-                                    stability=stability)  # fmt: skip
+    runner = _PhasedRunner(phase_runs=5, sleep=virtual_clock.sleep)
+    (point,) = measure_steady_state(runner, one_row, [1], warmup=0, iterations=10, stability=stability)
     assert point.iterations == 40
     assert point.stable is False
     assert len(point.window_p50_ms) == 8
@@ -215,12 +239,10 @@ def test_adaptive_timing_that_never_agrees_hits_the_run_bound_and_is_flagged() -
     assert point.spread > 0.5
 
 
-def test_adaptive_timing_stops_at_max_seconds_once_the_minimum_is_done() -> None:
+def test_adaptive_timing_stops_at_max_seconds_once_the_minimum_is_done(virtual_clock: _VirtualClock) -> None:
     stability = StabilitySpec(threshold=0.05, window_runs=5, window_seconds=0.0, max_seconds=0.1)
-    start = time.perf_counter()
-    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5), FEEDS, [1], warmup=0, iterations=10,
-                                    stability=stability)  # fmt: skip
-    assert time.perf_counter() - start < 1.0
+    (point,) = measure_steady_state(_PhasedRunner(phase_runs=5, sleep=virtual_clock.sleep), FEEDS, [1], warmup=0,
+                                    iterations=10, stability=stability)  # fmt: skip
     assert 10 <= point.iterations < 100  # 1-3 ms a run: about 0.1 s of runs, far below the 100,000 default cap
     assert point.stable is False
 

@@ -99,9 +99,11 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
     from qbench.recipe import load_recipe
     from qbench.slo import server_for, serving_figures
 
+    # a budget far above the runner's 2 ms: the rate is capped by what the server serves, not by how late a loaded
+    # machine wakes a sleeping runner (a 20 ms budget met no real run there: no rate was claimed at all)
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 8]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
-        slo={"p99_ms": 20.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 2000}},
+        slo={"p99_ms": 500.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 2000}},
     )))  # fmt: skip
     samples = {1: np.full(200, 0.02), 8: np.full(200, 0.05)}
     points = [LatencyPoint(1, 0, 200, 0.02, 0.02, 0.02, 0.02, 50_000.0),
@@ -114,7 +116,7 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
     assert serving.simulated_max_rate_rps > 10 * capacity  # what the simulation alone claims
     assert serving.simulated_requests >= 2000 and serving.simulations > 0  # the requests that showed it
     assert serving.max_rate_rps is not None and serving.max_rate_rps <= capacity
-    assert serving.at_max_rate.p99_ms <= 20.0 and not serving.at_max_rate.overloaded
+    assert serving.at_max_rate.p99_ms <= 500.0 and not serving.at_max_rate.overloaded
     assert serving.served_runs >= 2 and runner.calls > 0
     assert serving.usd_per_million["max_rate"] == pytest.approx(1000.0 / serving.max_rate_rps)
 
@@ -123,9 +125,11 @@ def test_a_run_falling_behind_is_given_up_once_more_than_1_percent_are_late():
     """At 50x what the runner serves, a run of 20,000 requests is given up within about a second (draining it would
     take 20 s): it is overloaded, its p99 (a lower bound, from when it was given up) is past the budget and finite,
     and what it served tells the rate it managed."""
-    started = time.perf_counter()
-    stats = real_server(SleepingRunner(), ROWS, Batcher(1, 0.0), seed=0)(25_000.0, 0.0, 20.0)
-    assert time.perf_counter() - started < 5.0
+    runner = SleepingRunner()
+    stats = real_server(runner, ROWS, Batcher(1, 0.0), seed=0)(25_000.0, 0.0, 20.0)
+    # given up, not drained: a call per request served, far fewer than the run's (counted, not timed: a loaded
+    # machine's slower sleeps only serve fewer before the run is given up)
+    assert stats.requests > 1_000 and runner.calls < stats.requests // 4
     assert 20.0 < stats.p99_ms < np.inf and stats.overloaded
     assert stats.achieved_rps < 1000 / SLEEP_MS
 
@@ -141,8 +145,9 @@ def test_the_server_passes_the_runners_failure_on():
 
 def test_a_model_with_a_fixed_batch_is_served_whole_batches_filled_with_repeated_rows():
     """A model exported with its batch fixed at 4 refuses any other row count (as an ONNX Runtime session does).
-    Poisson requests at 200 req/s through a batcher of up to 4 waiting 1 ms form mostly batches of 1: each is sent
-    filled up to 4 rows by repeating the request's row, and every request is served."""
+    Poisson requests at 200 req/s through a batcher of up to 4 waiting 1 ms: each batch of requests is sent filled up
+    to 4 rows by repeating its requests' rows, and every request is served. How many requests a batch holds is the
+    machine's doing (a loaded one falls behind and batches more), so every batch is checked, whatever its size."""
     seen = []
 
     class FixedBatch(SleepingRunner):
@@ -154,10 +159,11 @@ def test_a_model_with_a_fixed_batch_is_served_whole_batches_filled_with_repeated
             return [feeds["x"]]
 
     stats = real_server(FixedBatch(), ROWS, Batcher(4, 1.0), seed=0, fixed_batch=4)(200.0, 0.0, 1000.0)
-    assert stats.requests == 200 and not stats.overloaded and stats.mean_batch_size < 2.0
-    single = next(batch for batch in seen if len(set(batch)) == 1)  # a batch of one request: its row four times
-    assert single.tolist() == [single[0]] * 4
-    assert sum(len(set(batch)) for batch in seen) == 200  # each request's own row once (rows repeat every 64 requests)
+    assert stats.requests == 200 and 1.0 <= stats.mean_batch_size <= 4.0
+    for batch in seen:  # its k requests' rows (consecutive, so distinct: rows repeat every 64 requests), then again
+        requests = len(set(batch.tolist()))
+        assert batch.tolist() == np.resize(batch[:requests], 4).tolist(), batch
+    assert sum(len(set(batch.tolist())) for batch in seen) == 200  # each request's own row once
 
 
 class RecordingRunner(SleepingRunner):
