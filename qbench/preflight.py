@@ -33,8 +33,8 @@ from qbench.data import (
     row_ids_sha256,
     training_rows,
 )
+from qbench.data.content import content_table
 from qbench.data.feeds import text_feed_notes
-from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
@@ -238,8 +238,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
     evaluated = evaluation.digests  # never None here: building the evaluation feeds refused a missing fed column
-    overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows, evaluated,
-                          data.fed_columns)
+    fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows)
+    overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from qbench.data import build_feeds
+from qbench.data.content import content_table
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
-from qbench.data.images import content_table
 from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
@@ -165,7 +165,7 @@ def selection_rows(
                        "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
-    digests = row_digests(content_table(table, data, recipe_file=recipe_file), rows, data.fed_columns)
+    digests = row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows), rows, data.fed_columns)
     return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged)
 
 

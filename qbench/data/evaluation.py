@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from qbench.data.content import content_table
 from qbench.data.filters import format_value, select_rows
-from qbench.data.images import content_table
 from qbench.data.leakage import distinct_inputs, row_digests
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
@@ -159,7 +159,7 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     fed = data.fed_columns  # a column missing is named where the feeds are built
-    digests = (row_digests(content_table(table, data, recipe_file=recipe_file), rows, fed)
+    digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows), rows, fed)
                if all(column in table.columns for column in fed) else None)
     distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
@@ -240,7 +240,7 @@ def calibration_sample(
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
     if warn:
-        warn_thin_sample(content_table(table, data, recipe_file=recipe_file), len(candidates), rows, data)
+        warn_thin_sample(content_table(table, data, recipe_file=recipe_file, rows=rows), len(candidates), rows, data)
     return rows, dropped, left_out
 
 
