@@ -282,11 +282,13 @@ def token_content(
             continue
         texts = table[column].to_numpy(dtype=object)
         seconds = table[pair].to_numpy(dtype=object) if pair is not None else None
-        chosen = [p for p in positions if isinstance(texts[p], str) and (seconds is None or isinstance(seconds[p], str))]
-        keys = list(dict.fromkeys((texts[p], None if seconds is None else seconds[p]) for p in chosen))
-        encodings = _unpadded_encodings(keys, spec.tokenizer, recipe_file=recipe_file, column=column)
+        keyed = {p: (texts[p], None if seconds is None else seconds[p]) for p in positions}
+        chosen = [p for p, (text, second) in keyed.items()
+                  if isinstance(text, str) and (seconds is None or isinstance(second, str))]  # fmt: skip
+        encodings = _unpadded_encodings(list(dict.fromkeys(keyed[p] for p in chosen)), spec.tokenizer,
+                                        recipe_file=recipe_file, column=column)  # fmt: skip
         cells = table[column].astype(object).copy()
-        cells.iloc[chosen] = [encodings[(texts[p], None if seconds is None else seconds[p])] for p in chosen]
+        cells.iloc[chosen] = [encodings[keyed[p]] for p in chosen]
         replaced[column] = cells
         if pair is not None and pair not in data.inputs:
             emptied = table[pair].astype(object).copy()

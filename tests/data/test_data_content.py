@@ -66,3 +66,12 @@ def test_only_the_rows_asked_for_are_tokenized_and_other_columns_are_kept() -> N
     content = content_table(table, _data(), recipe_file=RECIPE, rows=np.array([1]))
     assert content["text"].iloc[0] == "Hello there."
     assert content["text"].iloc[1].startswith("input_ids: 101 ") and content["y"].tolist() == [0, 1]
+
+
+def test_a_column_feeding_an_input_no_output_reads_tells_no_inputs_apart() -> None:
+    table = pd.DataFrame({"text": ["Same words.", "same words.", "Other words."], "id": [7, 8, 9], "y": [0, 0, 1]})
+    data = DataSpec(path=Path("d.parquet"), inputs={"text": {"tokenizer": {"path": f"package:{MINILM}"}},
+                                                    "id": "row_id"}, label="y")  # fmt: skip
+    assert evaluation_rows(table, data, recipe_file=RECIPE, calibrated=False).distinct_inputs == {}
+    read_alike = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=False, unread=["row_id"])
+    assert read_alike.distinct_inputs == {"overall": 2}
