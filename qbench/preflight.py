@@ -243,6 +243,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     evaluated = evaluation.digests  # never None here: building the evaluation feeds refused a missing fed column
     fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread)
     overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
+    selection_overlap = _selection_overlap(selection, evaluated) if chooses_among_candidates(recipe) else None
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -269,6 +270,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             evaluation_overlap_rows=overlap,
             selection_rows=(selection.count if selection else 0) if chooses_among_candidates(recipe) else None,
             selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
+            selection_overlap_rows=selection_overlap,
         ),
         calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, data=data,
@@ -429,6 +431,20 @@ def _finite_rows(
     kept, counts = finite_rows(rows, nonfinite, recipe.data, what=what, recipe_file=recipe.source)
     record_dropped(dropped, what, counts, len(rows) - len(kept))
     return kept
+
+
+def _selection_overlap(selection: SelectionRows | None, evaluated: np.ndarray) -> int:
+    """How many selection rows feed the model what an evaluation row feeds it (their row_digests among `evaluated`),
+    warned about: kept apart by position, a calibration file copying evaluation rows still lets a search, fallback or
+    calibrator: auto choose on inputs that then judge its pick."""
+    if selection is None or selection.digests is None:
+        return 0
+    shared = int(np.isin(selection.digests, evaluated).sum())
+    if shared:
+        logger.warning("%d of the %d selection rows feed the model what evaluation rows feed it (the same inputs in "
+                       "both files, or twice in the table): candidates are chosen partly on inputs that judge the "
+                       "pick, whose pass may be optimistic", shared, selection.count)  # fmt: skip
+    return shared
 
 
 def _training(
