@@ -115,13 +115,23 @@ def nonfinite_reference_rows(key: str, accuracy: AccuracyResult) -> str:
 
 def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
     """A note per gated variant that a search chose among candidates on the evaluation rows themselves (no selection
-    rows: qbench.selection_rows): the best of several tries on those rows, its figures flatter it."""
+    rows: qbench.selection_rows), or on selection rows some of which feed the model what evaluation rows feed it
+    (kept apart by position, copied by content): the best of several tries on those inputs, its figures flatter it."""
     chosen = [f"{v}@{b}" for v, b in pairs
               if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
-    return [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
-            "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to choose "
-            "on)"
-            for key in chosen]  # fmt: skip
+    notes = [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
+             "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to "
+             "choose on)"
+             for key in chosen]  # fmt: skip
+    record = results.calibration
+    shared = record.selection_overlap_rows if record is not None else None
+    if shared:
+        notes += [f"{v}@{b} was chosen among candidates on {record.selection_rows} selection rows of which {shared} feed "
+                  "the model what evaluation rows feed it (the same inputs in both files, or twice in the table): the "
+                  "choice saw inputs that judge it, its pass may be optimistic"
+                  for v, b in pairs
+                  if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "selection"]
+    return notes
 
 
 def fitted_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,8 +33,8 @@ from qbench.data import (
     row_ids_sha256,
     training_rows,
 )
+from qbench.data.content import content_table
 from qbench.data.feeds import text_feed_notes
-from qbench.data.images import content_table
 from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
@@ -50,6 +50,7 @@ from qbench.preflight_checks import (
     check_quantizer_options,
     example_inputs_mismatch,
     fixed_batch,
+    ignored_inputs,
     warn_unread_inputs,
     with_fixed_batch,
 )
@@ -182,7 +183,9 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
-    evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
+    unread = ignored_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
+    evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
+                                 unread=unread)  # fmt: skip
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     for note in limit_notes(table, evaluation, data, label_classes=task.labels_name_classes):
         logger.warning(note)
@@ -232,14 +235,15 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=judged,
                                model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
-                               recipe_file=recipe.source) if chooses_among_candidates(recipe) else None  # fmt: skip
+                               recipe_file=recipe.source, unread=unread) if chooses_among_candidates(recipe) else None  # fmt: skip
     if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
     evaluated = evaluation.digests  # never None here: building the evaluation feeds refused a missing fed column
-    overlap = shared_rows(content_table(calibration_table, data, recipe_file=recipe.source), calibration_rows, evaluated,
-                          data.fed_columns)
+    fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread)
+    overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
+    selection_overlap = _selection_overlap(selection, evaluated) if chooses_among_candidates(recipe) else None
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -266,10 +270,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             evaluation_overlap_rows=overlap,
             selection_rows=(selection.count if selection else 0) if chooses_among_candidates(recipe) else None,
             selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
+            selection_overlap_rows=selection_overlap,
         ),
         calibration_overlap=overlap,
         training=_training(recipe, task, table, model, outputs, nonfinite, masks, eval_rows, evaluated, data=data,
-                           calibration=(calibration_rows, calibration_nonfinite), lookups=lookups),
+                           calibration=(calibration_rows, calibration_nonfinite), lookups=lookups, unread=unread),
         custom_metrics=custom_metrics,
         dropped_nonfinite=dropped,
         kept_nonfinite=kept,
@@ -428,6 +433,20 @@ def _finite_rows(
     return kept
 
 
+def _selection_overlap(selection: SelectionRows | None, evaluated: np.ndarray) -> int:
+    """How many selection rows feed the model what an evaluation row feeds it (their row_digests among `evaluated`),
+    warned about: kept apart by position, a calibration file copying evaluation rows still lets a search, fallback or
+    calibrator: auto choose on inputs that then judge its pick."""
+    if selection is None or selection.digests is None:
+        return 0
+    shared = int(np.isin(selection.digests, evaluated).sum())
+    if shared:
+        logger.warning("%d of the %d selection rows feed the model what evaluation rows feed it (the same inputs in "
+                       "both files, or twice in the table): candidates are chosen partly on inputs that judge the "
+                       "pick, whose pass may be optimistic", shared, selection.count)  # fmt: skip
+    return shared
+
+
 def _training(
     recipe: Recipe,
     task: Task,
@@ -441,13 +460,15 @@ def _training(
     data: DataSpec,
     calibration: tuple[np.ndarray, NonfiniteMasks],
     lookups: Mapping[str, Lookup],
+    unread: Collection[str] = (),
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
     variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
-    data.nonfinite_inputs says (qat_refuses_nonfinite)."""
+    data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads (content_table)."""
     training = {}
-    by_content = content_table(table, data, recipe_file=recipe.source) if any(v.qat for v in recipe.variants) else table
+    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread)
+                  if any(v.qat for v in recipe.variants) else table)  # fmt: skip
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
             continue

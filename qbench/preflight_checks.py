@@ -95,12 +95,12 @@ def check_node_names(recipe: Recipe, path: Path) -> None:
 _SHAPE_READERS = frozenset({"Shape", "Size"})  # read a tensor's dimensions, never its values
 
 
-def unread_inputs(path: Path, outputs: Collection[str]) -> dict[str, bool]:
-    """The model's fed inputs (not initializers) whose values none of `outputs` is computed from, in the graph's
-    order, each with whether its shape is read there: read by no node, only by nodes no evaluated output depends on,
-    or only through a Shape/Size (an attention mask an export dropped but for its length: padding then changes every
-    figure it should not). What an If/Loop/Scan body reads from outside counts as read by that node. Local functions
-    are inlined first; a graph that cannot be read gives none."""
+def unread_inputs(path: Path, outputs: Collection[str] | None = None) -> dict[str, bool]:
+    """The model's fed inputs (not initializers) whose values none of `outputs` (None: the graph's) is computed from, in
+    the graph's order, each with whether its shape is read there: read by no node, only by nodes no evaluated output
+    depends on, or only through a Shape/Size (an attention mask an export dropped but for its length: padding then
+    changes every figure it should not). What an If/Loop/Scan body reads from outside counts as read by that node.
+    Local functions are inlined first; a graph that cannot be read gives none."""
     from qbench.modelinfo_classes import each_once
     from qbench.onnx_read import read_onnx
     from qbench.variants.onnx_utils import outer_scope_reads
@@ -112,7 +112,7 @@ def unread_inputs(path: Path, outputs: Collection[str]) -> dict[str, bool]:
     producers = {out: node for node in graph.node for out in node.output if out}
     reached: set[str] = set()
     shaped: set[str] = set()
-    for output in outputs:
+    for output in [tensor.name for tensor in graph.output] if outputs is None else outputs:
         for tensor, waiting in each_once(output):
             reached.add(tensor)
             node = producers.get(tensor)
@@ -125,6 +125,12 @@ def unread_inputs(path: Path, outputs: Collection[str]) -> dict[str, bool]:
     constants = {tensor.name for tensor in graph.initializer}
     return {tensor.name: tensor.name in shaped for tensor in graph.input
             if tensor.name not in constants and tensor.name not in reached}
+
+
+def ignored_inputs(path: Path) -> list[str]:
+    """The model inputs no output of the graph reads, neither values nor shape: rows differing only in the cells
+    feeding them feed every output the same, so they are one input (qbench.data.content.content_table)."""
+    return [name for name, shape_read in unread_inputs(path).items() if not shape_read]
 
 
 def warn_unread_inputs(recipe: Recipe, path: Path, outputs: Collection[str]) -> None:

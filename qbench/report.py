@@ -413,6 +413,8 @@ def _overlap_facts(record: CalibrationRecord) -> str:
     elif record.selection_rows is not None:
         facts += (f"; candidates chosen on {record.selection_rows} other rows, none fitted on or evaluated "
                   f"({record.selection_from_sample} of them drawn here and kept apart from fitting)")  # fmt: skip
+        if record.selection_overlap_rows:
+            facts += f", **though {record.selection_overlap_rows} feed the model what evaluation rows feed it**"
     return facts
 
 

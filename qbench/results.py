@@ -166,6 +166,8 @@ class CalibrationRecord:
     # calibration and kept apart from fitting (qbench.selection_rows); None: nothing was chosen among candidates
     selection_rows: int | None = None
     selection_from_sample: int | None = None
+    # selection rows whose inputs equal an evaluation row's (a calibration file copying them); None: none chosen on
+    selection_overlap_rows: int | None = None
 
 
 NATIVE = "native"

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from qbench.data import build_feeds
+from qbench.data.content import content_table
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
-from qbench.data.images import content_table
 from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
@@ -128,7 +128,7 @@ def calibration_masks(data: DataSpec, table: pd.DataFrame, *, recipe_file: Path)
 def selection_rows(
     data: DataSpec, table: pd.DataFrame, split: CalibrationSplit, nonfinite: NonfiniteMasks, *,
     judged: Collection[str], model_inputs: dict[str, TensorMeta],
-    labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None], recipe_file: Path,
+    labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None], recipe_file: Path, unread: Collection[str] = (),
 ) -> SelectionRows | None:  # fmt: skip
     """The selection rows of `split` (positions in `table`; `nonfinite`: the table's NaN/inf masks, scanned once per
     table by the caller) with their feeds, labels and slices; None when there
@@ -137,7 +137,8 @@ def selection_rows(
     too, so a candidate that loses the missing-value rows is chosen against there as the gate would judge it. A judged
     slice holding none of these rows (a calibration file without its value, a slice rarer than one row in the draw)
     is `unjudged`, warned about and said wherever the choice is (`chosen_on`): a candidate that breaks there passed
-    the choice unseen, and only the gate can block it. Fewer than FEW_SELECTION_ROWS are warned about."""
+    the choice unseen, and only the gate can block it. Fewer than FEW_SELECTION_ROWS are warned about. `unread`: model
+    inputs no output reads, whose columns tell no inputs apart (content_table)."""
     rows = split.selection
     if len(rows) == 0:
         return None
@@ -165,7 +166,8 @@ def selection_rows(
                        "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
-    digests = row_digests(content_table(table, data, recipe_file=recipe_file), rows, data.fed_columns)
+    digests = row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread), rows,
+                          data.fed_columns)
     return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged)
 
 

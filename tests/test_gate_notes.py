@@ -76,3 +76,29 @@ def test_an_output_constant_by_design_beside_one_that_varies_is_noted_as_that_ou
     assert note.startswith("fp32@onnxruntime-cpu's output 'version' is the same on all 300 evaluation rows (spread 0 "
                            "across them) while 'logits' vary: figures on it do not depend on the inputs")
     assert "same answer" not in note and "data.inputs" not in note
+
+
+@pytest.mark.parametrize("shared", [0, 40])
+def test_a_pick_chosen_on_selection_rows_that_copy_evaluation_inputs_says_so(shared: int) -> None:
+    """A calibration file holding copies of evaluation rows: the selection rows are kept apart from them by position,
+    not by content, so a search (calibrator: auto, fallback) chose its dynamic pick partly on inputs that then judge
+    it, and nothing said so (the calibration note names fitted variants only); the count survives results.json."""
+    from dataclasses import replace
+
+    from qbench.results import CalibrationRecord
+
+    rng = np.random.default_rng(0)
+    fp32 = rng.normal(size=(ROWS, 3))
+    results = _results(fp32, fp32, fp32.argmax(axis=1))
+    picked = replace(results.variants[1], params={"calibration_rows": 0, "search.chosen_on": "selection"})
+    record = CalibrationRecord(size=64, seed=0, stratify_by=None, row_ids_sha256="ab" * 32, per_slice_counts={},
+                               overlap="hold_out", held_out_rows=0, evaluation_overlap_rows=0, selection_rows=100,
+                               selection_from_sample=0, selection_overlap_rows=shared)  # fmt: skip
+    results = from_dict(json.loads(to_json(replace(results, calibration=record,
+                                                   variants=(results.variants[0], picked)))))  # fmt: skip
+    report = evaluate_gate(results, SPEC)
+    assert report.exit_code == EXIT_PASS
+    expected = ["int8@onnxruntime-cpu was chosen among candidates on 100 selection rows of which 40 feed the model "
+                "what evaluation rows feed it (the same inputs in both files, or twice in the table): the choice saw "
+                "inputs that judge it, its pass may be optimistic"]
+    assert [n for n in report.notes if "selection rows of which" in n] == (expected if shared else [])

@@ -18,6 +18,7 @@ from qbench.preflight_checks import (
     check_node_names,
     check_plan,
     fixed_batch,
+    ignored_inputs,
     warn_unread_inputs,
     with_fixed_batch,
 )
@@ -311,6 +312,7 @@ def test_an_input_no_evaluated_output_reads_is_warned_about_with_its_column(
     with caplog.at_level("WARNING", logger="qbench"):
         warn_unread_inputs(recipe, recipe.model_path, ["y", "aux"])
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["model input 'gid'"]
+    assert ignored_inputs(recipe.model_path) == ["gid"]  # every graph output reads the others
 
 
 
@@ -341,6 +343,7 @@ def test_an_input_whose_shape_alone_the_outputs_read_is_warned_about(tmp_path: P
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [
         "model input 'mask' (fed from data column 'attention_mask'): the evaluated output(s) 'y' are computed from its "
         "shape alone (Shape/Size), never its values"]
+    assert ignored_inputs(recipe.model_path) == []  # its shape tells rows of other lengths apart
 
 def _gnn(path: Path) -> None:
     """A PyG-style graph classifier for one graph a call: node features x ['num_nodes', 3], edge_index

@@ -354,6 +354,10 @@ def test_the_calibration_section_states_the_rows_candidates_were_chosen_on(tmp_p
     text = render_markdown(replace(results, calibration=calibration), None, None, tmp_path / "report.md")
     assert "candidates chosen on 40 other rows, none fitted on or evaluated (12 of them drawn here" in text
     assert "candidates chosen on" not in render_markdown(results, None, None, tmp_path / "report.md")
+    assert "though" not in text
+    copied = replace(calibration, selection_overlap_rows=30)  # a calibration file copying evaluation rows
+    text = render_markdown(replace(results, calibration=copied), None, None, tmp_path / "report.md")
+    assert "kept apart from fitting), **though 30 feed the model what evaluation rows feed it**" in text
     none = replace(results.calibration, selection_rows=0, selection_from_sample=0)  # none readable: evaluation rows chose
     text = render_markdown(replace(results, calibration=none), None, None, tmp_path / "report.md")
     assert "**candidates chosen on the evaluation rows**" in text and "chosen on 0 other rows" not in text

@@ -11,7 +11,7 @@ let the two disagree on valid results.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from qbench.data.content import content_table
 from qbench.data.filters import format_value, select_rows
-from qbench.data.images import content_table
 from qbench.data.leakage import distinct_inputs, row_digests
 from qbench.data.load import load_table, table_name
 from qbench.data.nonfinite import NonfiniteMasks, check_finite, drop_nonfinite, missing_slices, nonfinite_masks
@@ -130,11 +130,14 @@ def read_columns(data: DataSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys([*columns, *(column for flt in filters for column in flt or {})]))
 
 
-def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool) -> EvaluationRows:
+def evaluation_rows(
+    table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool, unread: Collection[str] = ()
+) -> EvaluationRows:
     """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
     filters, slices or inputs do not fit the table). `calibrated`: a variant is fitted on the calibration rows
     (Recipe.fits_on_calibration_rows); then, drawn from this table, they are held out of the evaluation unless
-    `data.calibration.overlap: allow`: a variant judged on the rows it was fitted on looks better than it is."""
+    `data.calibration.overlap: allow`: a variant judged on the rows it was fitted on looks better than it is.
+    `unread`: model inputs no output is computed from, whose columns do not tell inputs apart (content_table)."""
     nonfinite = nonfinite_masks(table, data.inputs)
     rows = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
     selected = len(rows)
@@ -159,7 +162,7 @@ def evaluation_rows(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, c
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     fed = data.fed_columns  # a column missing is named where the feeds are built
-    digests = (row_digests(content_table(table, data, recipe_file=recipe_file), rows, fed)
+    digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread), rows, fed)
                if all(column in table.columns for column in fed) else None)
     distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
@@ -240,7 +243,7 @@ def calibration_sample(
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
     if warn:
-        warn_thin_sample(content_table(table, data, recipe_file=recipe_file), len(candidates), rows, data)
+        warn_thin_sample(content_table(table, data, recipe_file=recipe_file, rows=rows), len(candidates), rows, data)
     return rows, dropped, left_out
 
 

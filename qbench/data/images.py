@@ -11,7 +11,7 @@ to cover size / crop_pct keeping its aspect ratio, then its centre cropped, as t
 and `layout` default to what the model input's shape states. Files are decoded one at a time straight into the
 feed (no file's bytes outlive its decoding), each distinct file once per set of rows.
 
-Which rows feed the model the same input is told by the files' bytes (`content_table`), not by their paths: two
+Which rows feed the model the same input is told by the files' bytes (`image_content`), not by their paths: two
 paths to one file, or two copies of one image, are one input. Every problem is a RecipeError naming
 `data.inputs.<column>.image...` and, for a file, its row and path.
 """
@@ -304,24 +304,21 @@ def _warn_large(image: Any, where: str, column: str) -> None:
                        where, image.width, image.height, f"{image.width * image.height:,}", f"{limit:,}")  # fmt: skip
 
 
-def content_table(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> pd.DataFrame:
-    """`table` with each image column's paths replaced by the sha256 of the bytes of the file each names, so that
+def image_content(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> dict[str, pd.Series]:
+    """Each image column of `table` with its paths replaced by the sha256 of the bytes of the file each names, so that
     digests of input cells (qbench.data.leakage) count one image named twice, or stored twice, as one input. In a
     sweep the digests are its snapshot's (hashed once, when it started); else each file's is remembered while its
     stat stays the same (qbench.digests.bytes_sha256). A cell naming no readable file keeps its path: building the
     feeds reports it."""
-    images = data.image_columns
-    if not images or not any(column in table.columns for column in images):
-        return table
     replaced = {}
-    for column, spec in images.items():
+    for column, spec in data.image_columns.items():
         if column not in table.columns:
             continue
         root = root_path(spec, recipe_file=recipe_file)
         cells = table[column]
         digests = {cell: _content_digest(root, cell, spec.copies) for cell in pd.unique(cells.dropna())}
         replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
-    return table.assign(**replaced)
+    return replaced
 
 
 def _content_digest(root: Path, cell: object, copies: Mapping[str, tuple[Path, str]] | None) -> object:

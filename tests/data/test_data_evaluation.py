@@ -132,3 +132,36 @@ def test_a_limit_that_keeps_every_class_and_slice_value_names_the_rows_alone(tmp
     unlimited = recipe.data.model_copy(update={"evaluation": recipe.data.evaluation.model_copy(update={"limit": None})})
     assert limit_notes(table, evaluation_rows(table, unlimited, recipe_file=recipe.source, calibrated=False), unlimited,
                        label_classes=True) == []  # fmt: skip
+
+
+def test_rows_differing_only_in_a_column_no_output_reads_are_one_input_to_the_sweep_and_the_gate(
+    tmp_path: Path,
+) -> None:
+    """A pipeline export keeping an id column it drops as an input (`row_id`, read by no node): 12 rows of 4 feature
+    rows, each with its own id, are 4 inputs (they counted as 12 evidence, so a pass resolved on 3 times the inputs
+    it saw). The gate re-derives the same count from the data and the model."""
+    pytest.importorskip("onnx")
+    import pandas as pd
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    from qbench.gate_checks import evaluation_from_data
+    from qbench.preflight import prepare
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"])], "ids",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2]),
+         helper.make_tensor_value_info("row_id", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 2])],
+        [numpy_helper.from_array(np.array([[1, -1], [0.5, 0.2]], dtype=np.float32), "w")],
+    )  # fmt: skip
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    features = np.random.default_rng(0).normal(size=(4, 2)).astype(np.float32)
+    pd.DataFrame({"x": list(np.tile(features, (3, 1))), "id": np.arange(12), "y": [0, 1] * 6}).to_parquet(
+        tmp_path / "rows.parquet")
+    recipe = {"name": "ids", "model": {"path": "m.onnx"}, "output_dir": "reports",
+              "data": {"path": "rows.parquet", "inputs": {"x": "x", "id": "row_id"}, "label": "y"},
+              "variants": [{"name": "fp16", "precision": "fp16"}]}  # fmt: skip
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False, destinations=False)
+    assert prepared.distinct_inputs == {"overall": 4}
+    assert evaluation_from_data(load_recipe(tmp_path / "r.yaml")).distinct_inputs == {"overall": 4}

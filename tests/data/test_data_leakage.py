@@ -109,7 +109,7 @@ def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
     assert len(set(leakage.row_digests(words, np.arange(3), ["t"]))) == 2  # an array, a tuple and a list of strings alike
 
 
-def _project(root: Path, calibration: dict) -> Path:
+def _project(root: Path, calibration: dict, calibrator: str = "minmax") -> Path:
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
@@ -123,7 +123,7 @@ def _project(root: Path, calibration: dict) -> Path:
     table.to_parquet(root / "copy.parquet")
     recipe = {"name": "leak", "task": "classification", "model": {"path": "m.onnx"},
               "data": {"path": "d.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 30, **calibration}},
-              "variants": [{"name": "int8", "precision": "int8", "calibrator": "minmax"}]}  # fmt: skip
+              "variants": [{"name": "int8", "precision": "int8", "calibrator": calibrator}]}  # fmt: skip
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     return root / "recipe.yaml"
 
@@ -142,6 +142,18 @@ def test_a_calibration_file_copying_the_data_is_counted_and_warned_about(tmp_pat
     assert len(prepared.evaluation_rows) == 90  # another file: nothing is held out by position
     assert prepared.calibration.evaluation_overlap_rows == 30 == prepared.calibration_overlap
     assert "30 of the 30 calibration rows feed the model what evaluation rows feed it" in caplog.text
+    assert prepared.calibration.selection_overlap_rows is None  # nothing is chosen among candidates
+
+
+def test_selection_rows_copying_evaluation_inputs_are_counted_and_warned_about(tmp_path: Path, caplog):
+    """calibrator: auto chooses on the calibration file's rows not drawn; that file copying the data, every one of
+    them is an evaluation input: the choice was said to be made on rows none of which are evaluated."""
+    with caplog.at_level(logging.WARNING):
+        prepared = prepare(load_recipe(_project(tmp_path, {"path": "copy.parquet"}, calibrator="auto")), track=False,
+                           destinations=False, backends=False)  # fmt: skip
+    selected = prepared.calibration.selection_rows
+    assert selected and prepared.calibration.selection_overlap_rows == selected
+    assert f"{selected} of the {selected} selection rows feed the model what evaluation rows feed it" in caplog.text
 
 
 def test_row_digests_hold_memory_of_a_block_of_rows_not_of_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
