@@ -156,17 +156,15 @@ class CalibrationRecord:
     stratify_by: str | None
     row_ids_sha256: str
     per_slice_counts: dict[str, int]
-    # data.calibration.overlap; evaluation rows held out as calibration rows; calibration rows whose inputs equal
-    # an evaluation row's (same position, a repeated row, or a copy in a calibration file). None: results from
-    # before qbench recorded them
+    # data.calibration.overlap; evaluation rows held out as calibration rows; calibration rows whose inputs equal an
+    # evaluation row's (same position, a repeated row, a copy in a calibration file). None: not recorded (older)
     overlap: str | None = None
     held_out_rows: int | None = None
     evaluation_overlap_rows: int | None = None
-    # rows searches chose among candidates on, none fitted on and none evaluated, and how many of them were drawn for
-    # calibration and kept apart from fitting (qbench.selection_rows); None: nothing was chosen among candidates
+    # rows searches chose among candidates on (qbench.selection_rows: none fitted on, none at an evaluation row's
+    # position), those drawn for calibration, those feeding what an evaluation row feeds; None: no choice made
     selection_rows: int | None = None
     selection_from_sample: int | None = None
-    # selection rows whose inputs equal an evaluation row's (a calibration file copying them); None: none chosen on
     selection_overlap_rows: int | None = None
 
 
