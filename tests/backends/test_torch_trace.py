@@ -60,6 +60,13 @@ class WeightsAsBuffers(nn.Module):
         return x * self.scale + self.shift
 
 
+@pytest.fixture(autouse=True)
+def native_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Labelled as on a CPU with native fp16/bf16 matmuls: what these tests read is the op count, and the label's
+    CPU caveat depends on the machine (test_backend_torch checks it against oneDNN's own probe)."""
+    monkeypatch.setattr(TorchCPU, "caveat", lambda self, precision: "")
+
+
 @pytest.fixture(scope="module")
 def onnx_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Any graph with one input named `x`: the runner reads the argument order from it."""
