@@ -52,6 +52,9 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
              several_backends=True),
     Evidence("others_cpus", "each latency point's others_cpus", "the SLO's contended timings", slo=True),
     Evidence("usable_cpus", "each latency's machine.cpus", "the SLO's timings with more threads than CPUs", slo=True),
+    Evidence("keep_up_bound", "each real serving run's keep_up_undecided (kept up as the capacity its batches bound "
+             "shows, not as completions within 5 % of the arrivals' span)", "the SLO's real runs at the budget's rate "
+             "and at the highest rate served (a run that cannot tell whether one instance keeps up)", slo=True),
 )}  # fmt: skip
 
 RECORDED: tuple[str, ...] = tuple(EVIDENCE)

@@ -99,6 +99,20 @@ def test_the_slo_s_evidence_is_needed_only_where_an_slo_is_judged():
                                 "with more threads than CPUs; re-run `qbench sweep`")  # fmt: skip
 
 
+def test_results_whose_real_runs_kept_up_by_the_old_rule_cannot_be_judged_on_an_slo():
+    """Results written before a real run's keeping up was bounded by its batches' capacity record served runs that
+    passed on completions within 5 % of the arrivals' span (runs 1-3 % short of the rate among them), and no
+    keep_up_undecided: read today, every such run looks decided, so an SLO judged on them is refused (exit 2)."""
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits.copy(), labels)
+    raw["evidence"] = [name for name in raw["evidence"] if name != "keep_up_bound"]
+    results = from_dict(raw)
+    assert evaluate_gate(results, SPEC).exit_code == EXIT_PASS  # no SLO judged: nothing rests on it
+    report = evaluate_gate(results, SPEC, slo=SloSpec(p99_ms=100.0, rate_rps=10.0))
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems[0].startswith("results written by qbench '0.1.0' record no keep_up_bound (this ")
+
+
 @pytest.mark.parametrize(("evidence", "message"), [
     (["kept", "new_kind"], "evidence: unknown 'new_kind': this qbench does not know it, and judges no results it "
                            "would read without it"),
