@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
+from sampled import wait_for_samples
 from test_track import write_recipe
 
 from qbench.track import SweepTracker
@@ -12,19 +12,10 @@ from qbench.track_store import resolve_tracking_uri
 from qbench.track_system import PREFIX, SystemSampler
 
 
-def _sampled(sampler: SystemSampler, count: int, deadline_s: float = 60.0) -> None:
-    """Wait until `sampler`'s thread has taken `count` samples: a fixed sleep got fewer on a loaded machine, where
-    the thread waits for a CPU between samples; the deadline only stops a sampler that never samples."""
-    give_up = time.monotonic() + deadline_s
-    while len(sampler._samples) < count:
-        assert time.monotonic() < give_up, f"{len(sampler._samples)} of {count} samples after {deadline_s} s"
-        time.sleep(0.02)
-
-
 def test_samples_are_steps_in_time_order_named_as_mlflows() -> None:
     sampler = SystemSampler(interval_s=0.05, first_step=7)
     sampler.start()
-    _sampled(sampler, 2)
+    wait_for_samples(sampler._samples, 2)
     metrics = sampler.finish()
     cpu = [m for m in metrics if m.key == f"{PREFIX}cpu_utilization_percentage"]
     assert len(cpu) >= 3  # the interval's samples and a last one at finish
@@ -43,7 +34,7 @@ def test_the_store_gets_system_metrics_once_when_the_sweep_ends(tmp_path: Path, 
     recipe = write_recipe(tmp_path)
     client = MlflowClient(tracking_uri=resolve_tracking_uri(recipe))
     tracker = SweepTracker.open(recipe, "sampled sweep")
-    _sampled(tracker._sampler, 3)
+    wait_for_samples(tracker._sampler._samples, 3)
     assert not any(key.startswith(PREFIX) for key in client.get_run(tracker.parent_id).data.metrics)
     tracker.abort("KILLED", "test over")
     history = client.get_metric_history(tracker.parent_id, f"{PREFIX}cpu_utilization_percentage")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from sampled import wait_for_samples
 
 from qbench.backends.gpu_monitor import GpuMonitor
 
@@ -67,20 +68,11 @@ def _run_briefly(monitor: GpuMonitor, seconds: float = 0.05) -> dict[str, float]
     return monitor.stop()
 
 
-def _sampled(nvml: FakeNvml, count: int, deadline_s: float = 60.0) -> None:
-    """Wait until the monitor's thread has read `nvml` `count` times: a fixed sleep got fewer samples on a loaded
-    machine, where the thread waits for a CPU; the deadline only stops a monitor that never samples."""
-    give_up = time.monotonic() + deadline_s
-    while len(nvml.returned_memory_mib) < count:
-        assert time.monotonic() < give_up, f"{len(nvml.returned_memory_mib)} of {count} samples after {deadline_s} s"
-        time.sleep(0.002)
-
-
 def test_figures_summarise_every_sample_taken() -> None:
     nvml = FakeNvml()
     monitor = GpuMonitor(interval_s=0.005, nvml=nvml)
     monitor.start()
-    _sampled(nvml, 2)
+    wait_for_samples(nvml.returned_memory_mib, 2)
     figures = monitor.stop()
     returned = nvml.returned_utilisation
     assert len(returned) >= 3, f"expected the thread's samples and stop()'s last one, got {len(returned)}"
@@ -103,7 +95,7 @@ def test_snapshot_reports_while_running() -> None:
     monitor = GpuMonitor(interval_s=0.005, nvml=nvml)
     monitor.start()
     try:
-        _sampled(nvml, 1)
+        wait_for_samples(nvml.returned_memory_mib, 1)
         assert monitor.running
         assert monitor.snapshot()["gpu_samples"] >= 1
     finally:
