@@ -31,7 +31,7 @@ from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
 from qbench.validate.latency import BatcherSamples, timed_batches
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
 from qbench.validate.load_search import search_max_rate
-from qbench.validate.serve import SETTLE_RUNS, RealServer, real_server, served_max_rate
+from qbench.validate.serve import RealServer, real_server, served_max_rate, settling_runs
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
@@ -204,7 +204,7 @@ def _with_load(
     or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
     search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
-    A run at the budget's rate that cannot tell whether the server keeps up is served again, SETTLE_RUNS runs long."""
+    A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
@@ -222,7 +222,7 @@ def _with_load(
     if budget.rate_rps and (search.cut_short or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
-            served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=SETTLE_RUNS)
+            served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))
     return replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,

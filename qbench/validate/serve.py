@@ -34,7 +34,7 @@ from qbench.backends.base import Runner, served_call
 from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
 from qbench.results_serving import LoadStats
-from qbench.validate.keep_up import KeepUp, keep_up
+from qbench.validate.keep_up import MIN_BATCHES, KeepUp, keep_up
 from qbench.validate.load import Batcher
 from qbench.validate.tail import Verdict
 
@@ -49,8 +49,8 @@ MIN_REQUESTS = 200  # at least twice MIN_P99_SAMPLES: a p99 from fewer holds one
 STEP = 0.8  # a rate the real server misses is retried this much lower
 MAX_RUNS = 16  # real runs at most; when none passes, no rate is claimed
 MAX_SECONDS = 10.0  # of arrivals over all runs: a rate whose run would pass it is not tried (none is claimed)
-# a run at the budget's rate that cannot tell whether the server keeps up is served again once, this many runs' worth
-# of requests long (the capacity bound narrows as the square root of its batches: to half as wide)
+# a run at the budget's rate that cannot tell whether the server keeps up is served again once, at least this many
+# runs' worth of requests long (the capacity bound narrows as the square root of its batches: to half as wide)
 SETTLE_RUNS = 4
 
 
@@ -233,6 +233,15 @@ def real_server(
         return served_stats(served, rate_rps, overhead_ms)
 
     return at
+
+
+def settling_runs(first: LoadStats) -> int:
+    """How many runs' worth of requests the run settling `first` (a run that could not tell) serves: SETTLE_RUNS, or
+    more where `first`'s mean batch would leave it fewer than twice MIN_BATCHES batches (at 27 or more requests a
+    batch, four runs of MIN_REQUESTS hold fewer than 30: no capacity bound at all, whatever the server). MAX_SECONDS
+    of arrivals still caps it (`real_server`)."""
+    wanted = 2 * MIN_BATCHES * max(first.mean_batch_size, 1.0)
+    return max(SETTLE_RUNS, math.ceil(wanted / max(first.requests, 1)))
 
 
 def requests_at(rate_rps: float) -> int:

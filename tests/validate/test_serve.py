@@ -9,8 +9,18 @@ import pytest
 
 from qbench.results import LatencyPoint
 from qbench.results_serving import LoadStats
+from qbench.validate.keep_up import MIN_BATCHES
 from qbench.validate.load import Batcher
-from qbench.validate.serve import MAX_RUNS, STEP, real_server, serve, served_max_rate, served_stats
+from qbench.validate.serve import (
+    MAX_RUNS,
+    SETTLE_RUNS,
+    STEP,
+    real_server,
+    serve,
+    served_max_rate,
+    served_stats,
+    settling_runs,
+)
 
 SLEEP_MS = 2.0  # the sleeping runner's own cost per call, whatever the batch
 
@@ -308,3 +318,18 @@ def test_a_settling_run_is_several_runs_long_within_max_seconds_of_arrivals(monk
     server(1_000.0, 0.0, 1000.0)
     server(1_000.0, 0.0, 1000.0, runs=4)
     assert sizes == [250, 500]
+
+
+@pytest.mark.parametrize(("requests", "mean_batch", "runs"), [
+    (200, 1.0, SETTLE_RUNS),  # small batches: four runs hold 800 batches
+    (200, 6.0, SETTLE_RUNS),  # 800 requests, 133 batches
+    (200, 27.0, 9),  # 800 requests would be 29 batches, no bound: 60 batches need 1,620 requests, 9 runs' worth
+    (1000, 64.0, SETTLE_RUNS),  # 4,000 requests, 62 batches
+    (200, 64.0, 20),  # 3,840 requests for 60 batches
+])  # fmt: skip
+def test_a_settling_run_is_long_enough_for_its_batches_to_bound_the_servers_capacity(requests, mean_batch, runs):
+    """A run that could not tell is served again SETTLE_RUNS runs long, or longer where its batches are so large that
+    the longer run would still hold too few of them to bound a capacity (twice MIN_BATCHES)."""
+    first = LoadStats(100.0, requests, 1.0, 2.0, 3.0, 1.0, 0.1, mean_batch, 100.0, keep_up_undecided="too few batches")
+    assert settling_runs(first) == runs
+    assert runs * requests >= 2 * MIN_BATCHES * mean_batch
