@@ -278,6 +278,12 @@ class SweepTracker:
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
+        self._mlflow(lambda: self._log_variant(results, variant, reused=reused))
+
+    def _log_variant(self, results: SweepResults, variant: VariantResult, *, reused: bool) -> None:
+        """variant_finished's logging, raising the store's failure to the one `_mlflow` call around it: `close`
+        logs results no child holds yet in its own call, which must stop at the first failure (a nested `_mlflow`
+        would report it and end the runs, and `close` would go on to fail, report and end them again)."""
         earlier = self._earlier.get(variant.key)
         if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
             del self._earlier[variant.key]
@@ -285,18 +291,14 @@ class SweepTracker:
             if earlier.outputs is not None and earlier.outputs.model_outputs:
                 self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
             return
-
-        def log() -> None:
-            run_id = self._running.get(variant.key) or self._start_child(variant.variant, variant.backend)
-            model_id = self._model_of(variant, run_id)
-            if self._datasets is not None:
-                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
-            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
-                 variant_tags(variant), model_id=model_id)  # fmt: skip
-            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
-            del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
-
-        self._mlflow(log)
+        run_id = self._running.get(variant.key) or self._start_child(variant.variant, variant.backend)
+        model_id = self._model_of(variant, run_id)
+        if self._datasets is not None:
+            self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
+        _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
+             variant_tags(variant), model_id=model_id)  # fmt: skip
+        self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+        del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
         """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured
@@ -341,7 +343,7 @@ class SweepTracker:
         def log() -> None:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    self.variant_finished(results, variant)
+                    self._log_variant(results, variant, reused=False)
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
             log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
