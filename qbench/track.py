@@ -34,7 +34,7 @@ from qbench.gate import GateReport
 from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
-from qbench.runs import describe_run
+from qbench.runs import describe_run, without_password
 from qbench.sweep_data import SweepData
 from qbench.track_content import (
     GATE_TAG,
@@ -141,7 +141,7 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
     if is_server(uri) and urllib.parse.urlparse(artifact_uri).scheme in ("", "file"):
         logger.warning("MLflow at %s stores artifacts in %s, a folder this machine writes itself: the MLflow UI shows "
                        "them only if the server reads the same folder (start it with --serve-artifacts to send "
-                       "artifacts through the server)", uri, artifact_uri)  # fmt: skip
+                       "artifacts through the server)", without_password(uri), artifact_uri)  # fmt: skip
     try:
         if recipe.source.is_file():
             client.log_artifact(run_id, str(recipe.source))
@@ -152,7 +152,7 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
             client.set_tag(run_id, GATE_TAG, "not evaluated (sweep failed: artifact store not writable)")
             client.set_terminated(run_id, status="FAILED", end_time=_now_ms())
         raise QbenchError(one_line(
-            f"MLflow at {uri} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
+            f"MLflow at {without_password(uri)} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
             f"({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with --serve-artifacts, give this "
             "machine access to that store, or use --no-track")) from exc  # fmt: skip
 

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
+from qbench.runs import without_password
 from qbench.track_uri import check_reachable, resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
@@ -101,7 +102,7 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
                 raise
     if existing.lifecycle_stage == "deleted":
         raise QbenchError(
-            f"MLflow experiment {name!r} in {uri} is deleted: restore it in the MLflow UI, "
+            f"MLflow experiment {name!r} in {without_password(uri)} is deleted: restore it in the MLflow UI, "
             "or set tracking.experiment in the recipe to another name"
         )
     if EXPERIMENT_KIND_TAG not in existing.tags:  # made before qbench set it; a kind set by the user is kept
@@ -200,14 +201,15 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
 
 
 def store_failure(uri: str, exc: BaseException) -> str:
-    """What failed, in one line naming the store (MLflow's connection errors run to several lines); a database's
-    error is its driver's reason ("database or disk is full"), not the SQL statement it failed in."""
+    """What failed, in one line naming the store without the password its URI may hold (MLflow's connection errors run
+    to several lines); a database's error is its driver's reason ("database or disk is full"), not the SQL statement
+    it failed in."""
     database = _database_error(exc)
     if database is not None:
         message = str(database.orig)
     else:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
-    return f"MLflow tracking at {uri} failed: {one_line(message, FAILURE_CHARS)}"
+    return f"MLflow tracking at {without_password(uri)} failed: {one_line(message, FAILURE_CHARS)}"
 
 
 def _database_error(exc: BaseException) -> DBAPIError | None:

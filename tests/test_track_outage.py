@@ -222,14 +222,17 @@ def test_an_auth_proxy_refusing_the_logging_of_saved_results_is_reported_once_an
     server starts answering 403 at the first variant's metrics: before, the variant's failure was reported and its
     runs ended, then the closing step went on, failed again on the sweep's own metrics, reported a second failure
     and ended the runs a second time (4 requests refused: against a server that hangs instead, each one is a bounded
-    retry's wait). Now the first failure stops the logging: one warning, one attempt to end the runs."""
+    retry's wait). Now the first failure stops the logging: one warning, one attempt to end the runs. The URI's
+    password (MLflow's client sends it as basic auth) is in neither: before, both lines printed it."""
     monkeypatch.chdir(tmp_path)
     with refusing_proxy(mlflow_server, refuse_from="/runs/log-batch") as proxy:
-        recipe = write_recipe(tmp_path, {"uri": proxy.url, "experiment": "refused-mid-logging"})
+        uri = proxy.url.replace("http://", "http://ci:s3cret@")
+        recipe = write_recipe(tmp_path, {"uri": uri, "experiment": "refused-mid-logging"})
         results = small_sweep()
         with caplog.at_level(logging.WARNING, logger="qbench.track"), pytest.raises(QbenchError, match="403") as raised:
             log_sweep(results, recipe, gate=evaluate_gate(results, recipe.gate), artifacts=artifacts_for(tmp_path))
     warnings = [r.getMessage() for r in caplog.records if "the sweep goes on without MLflow" in r.getMessage()]
     assert len(warnings) == 1 and str(raised.value) in warnings[0], warnings
+    assert "s3cret" not in warnings[0] and f"MLflow tracking at {proxy.url} failed" in warnings[0]
     assert proxy.refused[0].startswith("POST /api/2.0/mlflow/runs/log-batch")
     assert len(proxy.refused) == 2, proxy.refused  # the refused metrics, then the first call that would end the runs

@@ -6,11 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from auth_proxy import refusing_proxy
+from server_processes import free_port
 from tiny_linear import make_linear_project
 
+from qbench.errors import QbenchError
 from qbench.recipe import load_recipe
 from qbench.runs import TRACKING_FILE, record_tracking
-from qbench.track_uri import run_store_uri
+from qbench.track_uri import check_reachable, run_store_uri
 
 
 def test_a_relative_store_in_the_environment_is_recorded_where_the_sweep_logged(tmp_path: Path, monkeypatch) -> None:
@@ -51,3 +54,20 @@ def test_a_databricks_store_is_recorded_as_named(tmp_path: Path, monkeypatch) ->
     assert json.loads((run / TRACKING_FILE).read_text())["uri"] == "databricks"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "databricks")
     assert run_store_uri(recipe, run) == "databricks"
+
+
+def test_a_server_reached_with_a_password_in_its_uri_or_behind_an_auth_proxy_answers(mlflow_server: str) -> None:
+    """The fail-fast probe sent `http://ci:s3cret@host/health` to a host named `ci:s3cret@host` and refused a server
+    MLflow's client reaches with those credentials as one that "does not answer", printing the password; a proxy
+    answering 403 to a request without credentials was "does not answer (HTTP Error 403)"; start it". An HTTP answer
+    is now an answer (the refusal of MLflow's own calls is MLflow's error, naming the status), and a server that does
+    not answer is named without the password."""
+    with_password = mlflow_server.replace("http://", "http://ci:s3cret@")
+    check_reachable(with_password)
+    with refusing_proxy(mlflow_server, refuse_from="/") as proxy:
+        check_reachable(proxy.url)
+        assert proxy.refused == ["GET /health"]
+    closed = f"http://ci:s3cret@127.0.0.1:{free_port()}"
+    with pytest.raises(QbenchError, match="does not answer") as raised:
+        check_reachable(closed)
+    assert "s3cret" not in str(raised.value) and closed.replace("ci:s3cret@", "") in str(raised.value)
