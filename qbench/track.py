@@ -64,6 +64,7 @@ from qbench.track_store import (
 )
 from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_system import SystemSampler
+from qbench.track_uri import resolve_tracking_uri
 
 T = TypeVar("T")
 
@@ -217,7 +218,7 @@ class SweepTracker:
         its child (see variant_finished).
         """
         retries = contextlib.ExitStack()
-        retries.enter_context(bounded_retries())
+        retries.enter_context(bounded_retries(resolve_tracking_uri(recipe)))
         try:
             client, uri, experiment_id = open_experiment(recipe)
             tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
@@ -449,7 +450,7 @@ def log_run(
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
     paths = artifact_paths(recipe, artifacts)
-    with bounded_retries():
+    with bounded_retries(resolve_tracking_uri(recipe)):
         client, uri, experiment_id = open_experiment(recipe)
         try:
             run_id = client.create_run(experiment_id, run_name=run_name).info.run_id

@@ -134,17 +134,22 @@ def _store_lock(uri: str) -> Iterator[None]:
 # retries, minutes per call; the system-metrics thread's calls too): while qbench talks to a store, retries are these.
 BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
+_NO_RUN_URLS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 @contextlib.contextmanager
-def bounded_retries() -> Iterator[None]:
+def bounded_retries(uri: str = "") -> Iterator[None]:
     """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins.
+
+    With `uri`, the store the block talks to, holding a password: MLflow's "View run <name> at: <uri>/#/..." line,
+    which it prints to stdout as each run ends (a CI log), is not printed, since it would spell the password.
 
     urllib3's warning for each retry ("Retrying (Retry(total=1, ...)) after connection broken by ...", a line per
     attempt of every call) and MLflow's error with a traceback for each failed database call of a sqlite store
     ("SQLAlchemy database error ... database or disk is full") are held back meanwhile (_HELD_BACK): a store that fails
     is qbench's one line naming it (store_failure), and one that answers after a retry needs no word."""
-    added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
+    wanted = BOUNDED_RETRIES | ({_NO_RUN_URLS: "true"} if without_password(uri) != uri else {})
+    added = {name: value for name, value in wanted.items() if name not in os.environ}
     os.environ.update(added)
     held = {logging.getLogger(name): level for name, level in _HELD_BACK.items()}
     levels = {log: log.level for log in held}

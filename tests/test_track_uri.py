@@ -7,12 +7,16 @@ from pathlib import Path
 
 import pytest
 from auth_proxy import refusing_proxy
+from mlflow.tracking import MlflowClient
 from server_processes import free_port
+from test_track import artifacts_for, small_sweep, write_recipe
 from tiny_linear import make_linear_project
 
 from qbench.errors import QbenchError
+from qbench.gate import evaluate_gate
 from qbench.recipe import load_recipe
 from qbench.runs import TRACKING_FILE, record_tracking
+from qbench.track_saved import log_sweep
 from qbench.track_uri import check_reachable, run_store_uri
 
 
@@ -71,3 +75,21 @@ def test_a_server_reached_with_a_password_in_its_uri_or_behind_an_auth_proxy_ans
     with pytest.raises(QbenchError, match="does not answer") as raised:
         check_reachable(closed)
     assert "s3cret" not in str(raised.value) and closed.replace("ci:s3cret@", "") in str(raised.value)
+
+
+def test_results_logged_to_a_server_whose_uri_holds_a_password_print_it_nowhere(
+    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MLflow prints "View run <name> at: <tracking uri>/#/..." as each run ends: with `user:password@` in the URI,
+    a line per variant spelled the password into the CI log. Those lines are left out for such a store only."""
+    monkeypatch.chdir(tmp_path)
+    uri = mlflow_server.replace("http://", "http://ci:s3cret@")
+    recipe = write_recipe(tmp_path, {"uri": uri, "experiment": "password-in-uri"})
+    results = small_sweep()
+    parent_id = log_sweep(results, recipe, gate=evaluate_gate(results, recipe.gate), artifacts=artifacts_for(tmp_path))
+    printed = capsys.readouterr()
+    assert MlflowClient(mlflow_server).get_run(parent_id).info.status == "FINISHED"
+    assert "s3cret" not in printed.out + printed.err
+    write_recipe(tmp_path, {"uri": mlflow_server, "experiment": "password-in-uri"})
+    log_sweep(results, load_recipe(tmp_path / "recipe.yaml"), gate=None, artifacts=[])
+    assert f"View run digits sweep {results.created_at} at: {mlflow_server}" in capsys.readouterr().out
