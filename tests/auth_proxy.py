@@ -1,5 +1,5 @@
 """An HTTP proxy in front of a real `mlflow server` that starts refusing every request (403 with an HTML page, as an
-auth proxy whose session expired does) from the first request whose path holds a given fragment; it counts what it
+auth proxy whose session expired does; or another status) from the first request whose path holds a given fragment; it counts what it
 refused. A helper module, not a conftest (see server_processes)."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "se
 
 
 class RefusingProxy(ThreadingHTTPServer):
-    def __init__(self, upstream: str, refuse_from: str) -> None:
-        self.upstream, self.refuse_from = upstream, refuse_from
+    def __init__(self, upstream: str, refuse_from: str, status: int) -> None:
+        self.upstream, self.refuse_from, self.status = upstream, refuse_from, status
         self.refusing = False
         self.refused: list[str] = []  # "METHOD path" of each request refused, in order
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -35,7 +35,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.refusing = self.server.refusing or self.server.refuse_from in self.path
         if self.server.refusing:
             self.server.refused.append(f"{self.command} {self.path}")
-            self._answer(403, {"Content-Type": "text/html"}, REFUSAL_PAGE)
+            self._answer(self.server.status, {"Content-Type": "text/html"}, REFUSAL_PAGE)
             return
         headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
         request = urllib.request.Request(self.server.upstream + self.path, data=body or None, method=self.command,
@@ -62,9 +62,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def refusing_proxy(upstream: str, refuse_from: str) -> Iterator[RefusingProxy]:
-    """A RefusingProxy to `upstream` serving in a thread while the block runs."""
-    proxy = RefusingProxy(upstream, refuse_from)
+def refusing_proxy(upstream: str, refuse_from: str, status: int = 403) -> Iterator[RefusingProxy]:
+    """A RefusingProxy to `upstream`, answering `status` once refusing, serving in a thread while the block runs."""
+    proxy = RefusingProxy(upstream, refuse_from, status)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:

@@ -63,14 +63,17 @@ def test_a_databricks_store_is_recorded_as_named(tmp_path: Path, monkeypatch) ->
 def test_a_server_reached_with_a_password_in_its_uri_or_behind_an_auth_proxy_answers(mlflow_server: str) -> None:
     """The fail-fast probe sent `http://ci:s3cret@host/health` to a host named `ci:s3cret@host` and refused a server
     MLflow's client reaches with those credentials as one that "does not answer", printing the password; a proxy
-    answering 403 to a request without credentials was "does not answer (HTTP Error 403)"; start it". An HTTP answer
-    is now an answer (the refusal of MLflow's own calls is MLflow's error, naming the status), and a server that does
+    answering 403 to a request without credentials was "does not answer (HTTP Error 403)"; start it". A client error
+    status is now an answer (the refusal of MLflow's own calls is MLflow's error, naming the status), and a server that does
     not answer is named without the password."""
     with_password = mlflow_server.replace("http://", "http://ci:s3cret@")
     check_reachable(with_password)
     with refusing_proxy(mlflow_server, refuse_from="/") as proxy:
         check_reachable(proxy.url)
         assert proxy.refused == ["GET /health"]
+    with refusing_proxy(mlflow_server, refuse_from="/", status=502) as proxy:  # its server down: no answer
+        with pytest.raises(QbenchError, match="answers HTTP 502"):
+            check_reachable(proxy.url)
     closed = f"http://ci:s3cret@127.0.0.1:{free_port()}"
     with pytest.raises(QbenchError, match="does not answer") as raised:
         check_reachable(closed)
