@@ -106,9 +106,15 @@ def portable_store_uri(uri: str) -> str:
         return Path(urllib.request.url2pathname(parsed.path)).resolve().as_uri()
     if parsed.scheme == "" and uri != "databricks":  # MLflow's word for the Databricks workspace, no folder
         return Path(uri).resolve().as_posix()
-    if parsed.password is not None:
-        return urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2]))
-    return uri
+    return without_password(uri)
+
+
+def without_password(uri: str) -> str:
+    """`uri` without the `user:password@` it may hold, as a run folder records it and a message names it."""
+    parsed = urllib.parse.urlsplit(uri)
+    if parsed.password is None:
+        return uri
+    return urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2]))
 
 
 def tracked_store(folder: Path) -> str | None:

@@ -34,7 +34,7 @@ from qbench.gate import GateReport
 from qbench.provenance import model_sha256
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, VariantResult, to_json
-from qbench.runs import describe_run
+from qbench.runs import describe_run, without_password
 from qbench.sweep_data import SweepData
 from qbench.track_content import (
     GATE_TAG,
@@ -64,6 +64,7 @@ from qbench.track_store import (
 )
 from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_system import SystemSampler
+from qbench.track_uri import resolve_tracking_uri
 
 T = TypeVar("T")
 
@@ -141,7 +142,7 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
     if is_server(uri) and urllib.parse.urlparse(artifact_uri).scheme in ("", "file"):
         logger.warning("MLflow at %s stores artifacts in %s, a folder this machine writes itself: the MLflow UI shows "
                        "them only if the server reads the same folder (start it with --serve-artifacts to send "
-                       "artifacts through the server)", uri, artifact_uri)  # fmt: skip
+                       "artifacts through the server)", without_password(uri), artifact_uri)  # fmt: skip
     try:
         if recipe.source.is_file():
             client.log_artifact(run_id, str(recipe.source))
@@ -152,7 +153,7 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
             client.set_tag(run_id, GATE_TAG, "not evaluated (sweep failed: artifact store not writable)")
             client.set_terminated(run_id, status="FAILED", end_time=_now_ms())
         raise QbenchError(one_line(
-            f"MLflow at {uri} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
+            f"MLflow at {without_password(uri)} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
             f"({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with --serve-artifacts, give this "
             "machine access to that store, or use --no-track")) from exc  # fmt: skip
 
@@ -217,7 +218,7 @@ class SweepTracker:
         its child (see variant_finished).
         """
         retries = contextlib.ExitStack()
-        retries.enter_context(bounded_retries())
+        retries.enter_context(bounded_retries(resolve_tracking_uri(recipe)))
         try:
             client, uri, experiment_id = open_experiment(recipe)
             tags = {"qbench.version": qbench.__version__, "qbench.recipe": recipe.name, GATE_TAG: _PENDING}
@@ -278,6 +279,12 @@ class SweepTracker:
 
         A result `reused` from the interrupted sweep this one resumes is in its child run already: that run is kept
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
+        self._mlflow(lambda: self._log_variant(results, variant, reused=reused))
+
+    def _log_variant(self, results: SweepResults, variant: VariantResult, *, reused: bool) -> None:
+        """variant_finished's logging, raising the store's failure to the one `_mlflow` call around it: `close`
+        logs results no child holds yet in its own call, which must stop at the first failure (a nested `_mlflow`
+        would report it and end the runs, and `close` would go on to fail, report and end them again)."""
         earlier = self._earlier.get(variant.key)
         if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
             del self._earlier[variant.key]
@@ -285,18 +292,14 @@ class SweepTracker:
             if earlier.outputs is not None and earlier.outputs.model_outputs:
                 self._models.setdefault(variant.variant, earlier.outputs.model_outputs[0].model_id)
             return
-
-        def log() -> None:
-            run_id = self._running.get(variant.key) or self._start_child(variant.variant, variant.backend)
-            model_id = self._model_of(variant, run_id)
-            if self._datasets is not None:
-                self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
-            _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
-                 variant_tags(variant), model_id=model_id)  # fmt: skip
-            self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
-            del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
-
-        self._mlflow(log)
+        run_id = self._running.get(variant.key) or self._start_child(variant.variant, variant.backend)
+        model_id = self._model_of(variant, run_id)
+        if self._datasets is not None:
+            self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
+        _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
+             variant_tags(variant), model_id=model_id)  # fmt: skip
+        self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
+        del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
 
     def _model_of(self, variant: VariantResult, run_id: str) -> str | None:
         """The variant's LoggedModel, logged from this run the first time, linked to it afterwards; None if unmeasured
@@ -341,7 +344,7 @@ class SweepTracker:
         def log() -> None:
             for variant in results.variants:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    self.variant_finished(results, variant)
+                    self._log_variant(results, variant, reused=False)
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
             log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
@@ -447,7 +450,7 @@ def log_run(
     """One stand-alone run in the recipe's experiment (e.g. `explain <variant>`): params, metrics, the recipe
     and `artifacts`; returns its id. MLflow problems become a QbenchError naming the store."""
     paths = artifact_paths(recipe, artifacts)
-    with bounded_retries():
+    with bounded_retries(resolve_tracking_uri(recipe)):
         client, uri, experiment_id = open_experiment(recipe)
         try:
             run_id = client.create_run(experiment_id, run_name=run_name).info.run_id

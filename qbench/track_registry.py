@@ -32,6 +32,7 @@ from qbench.gate import GateReport
 from qbench.recipe import Recipe
 from qbench.recipe_registry import RegistrySpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
+from qbench.runs import without_password
 from qbench.track_content import short_backend
 from qbench.track_store import (
     FAILURE_CHARS,
@@ -102,15 +103,16 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
 
 def _sweep_children(client: MlflowClient, experiment_id: str, run_dir: Path, uri: str) -> dict[str, Run]:
     """variant@backend -> child run of the newest finished MLflow sweep run tagged with `run_dir`."""
+    shown = without_password(uri)
     parent = finished_sweep_run(client, experiment_id, run_dir)
     if parent is None and (left := unfinished_sweep_runs(client, experiment_id, run_dir)):
         raise QbenchError(
             f"the MLflow logging of {run_dir}'s sweep did not finish (its store failed while it ran: sweep run "
-            f"{left[0].info.run_id} is {left[0].info.status}) in {uri}; log the folder with `qbench track <recipe> "
+            f"{left[0].info.run_id} is {left[0].info.status}) in {shown}; log the folder with `qbench track <recipe> "
             "<run folder>`; nothing registered")  # fmt: skip
     if parent is None:
         raise QbenchError(
-            f"no finished MLflow sweep run for {run_dir} in {uri}: the sweep was not tracked (--no-track) "
+            f"no finished MLflow sweep run for {run_dir} in {shown}: the sweep was not tracked (--no-track) "
             "or logged elsewhere (log it with `qbench track <recipe> <run folder>`); nothing registered"
         )
     children = client.search_runs([experiment_id], f"tags.mlflow.parentRunId = {search_literal(parent.info.run_id)}")
@@ -211,5 +213,5 @@ def register_best(
                 with contextlib.suppress(MlflowException, OSError):
                     client.delete_registered_model(name)
             message = exc.message if isinstance(exc, MlflowException) else str(exc)
-            raise QbenchError(f"registering {name!r} in {uri} failed: {one_line(message, FAILURE_CHARS)}") from exc
+            raise QbenchError(f"registering {name!r} in {without_password(uri)} failed: {one_line(message, FAILURE_CHARS)}") from exc
     return registered

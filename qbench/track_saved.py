@@ -132,7 +132,7 @@ def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
     READY model, would stand in the UI beside the same variant's logged runs and models as a second result.
     Best effort: the results are logged already, so a store failing here is a warning."""
     verdict = tag_value(f"not evaluated (the sweep's MLflow logging failed; its results are in run {logged_as})")
-    with bounded_retries():
+    with bounded_retries(resolve_tracking_uri(recipe)):
         client, uri, experiment_id = open_experiment(recipe)
         try:
             for parent in unfinished_sweep_runs(client, experiment_id, run_dir, keep=logged_as):

@@ -26,6 +26,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
+from qbench.runs import without_password
 from qbench.track_uri import check_reachable, resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
@@ -101,7 +102,7 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
                 raise
     if existing.lifecycle_stage == "deleted":
         raise QbenchError(
-            f"MLflow experiment {name!r} in {uri} is deleted: restore it in the MLflow UI, "
+            f"MLflow experiment {name!r} in {without_password(uri)} is deleted: restore it in the MLflow UI, "
             "or set tracking.experiment in the recipe to another name"
         )
     if EXPERIMENT_KIND_TAG not in existing.tags:  # made before qbench set it; a kind set by the user is kept
@@ -133,17 +134,22 @@ def _store_lock(uri: str) -> Iterator[None]:
 # retries, minutes per call; the system-metrics thread's calls too): while qbench talks to a store, retries are these.
 BOUNDED_RETRIES = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}  # fmt: skip
+_NO_RUN_URLS = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 
 @contextlib.contextmanager
-def bounded_retries() -> Iterator[None]:
+def bounded_retries(uri: str = "") -> Iterator[None]:
     """MLflow's HTTP retries bounded by BOUNDED_RETRIES while the block runs; a variable the user set wins.
+
+    With `uri`, the store the block talks to, holding a password: MLflow's "View run <name> at: <uri>/#/..." line,
+    which it prints to stdout as each run ends (a CI log), is not printed, since it would spell the password.
 
     urllib3's warning for each retry ("Retrying (Retry(total=1, ...)) after connection broken by ...", a line per
     attempt of every call) and MLflow's error with a traceback for each failed database call of a sqlite store
     ("SQLAlchemy database error ... database or disk is full") are held back meanwhile (_HELD_BACK): a store that fails
     is qbench's one line naming it (store_failure), and one that answers after a retry needs no word."""
-    added = {name: value for name, value in BOUNDED_RETRIES.items() if name not in os.environ}
+    wanted = BOUNDED_RETRIES | ({_NO_RUN_URLS: "true"} if without_password(uri) != uri else {})
+    added = {name: value for name, value in wanted.items() if name not in os.environ}
     os.environ.update(added)
     held = {logging.getLogger(name): level for name, level in _HELD_BACK.items()}
     levels = {log: log.level for log in held}
@@ -200,14 +206,15 @@ def ui_command(uri: str, host: str = "127.0.0.1", port: int = 5000) -> list[str]
 
 
 def store_failure(uri: str, exc: BaseException) -> str:
-    """What failed, in one line naming the store (MLflow's connection errors run to several lines); a database's
-    error is its driver's reason ("database or disk is full"), not the SQL statement it failed in."""
+    """What failed, in one line naming the store without the password its URI may hold (MLflow's connection errors run
+    to several lines); a database's error is its driver's reason ("database or disk is full"), not the SQL statement
+    it failed in."""
     database = _database_error(exc)
     if database is not None:
         message = str(database.orig)
     else:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
-    return f"MLflow tracking at {uri} failed: {one_line(message, FAILURE_CHARS)}"
+    return f"MLflow tracking at {without_password(uri)} failed: {one_line(message, FAILURE_CHARS)}"
 
 
 def _database_error(exc: BaseException) -> DBAPIError | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from qbench.errors import QbenchError
 from qbench.recipe import Recipe
-from qbench.runs import portable_store_uri, tracked_store
+from qbench.runs import portable_store_uri, tracked_store, without_password
 
 
 def resolve_tracking_uri(recipe: Recipe) -> str:
@@ -56,11 +56,25 @@ def store_absent(uri: str) -> bool:
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
-    """Fail fast when a tracking server does not answer (MLflow's own retries take minutes)."""
+    """Fail fast when a tracking server does not answer (MLflow's own retries take minutes).
+
+    A client error status is an answer: an auth proxy refusing a request without credentials (401, 403) stands before
+    a server that MLflow's calls reach with theirs (a `user:password@` in the URI, MLFLOW_TRACKING_TOKEN, ...), and a
+    refusal of those calls is MLflow's error, naming the status. The probe itself carries no credentials, and the
+    URI's password is neither sent to a server's host name nor written in a message."""
     if not uri.startswith(("http://", "https://")):
         return
+    shown = without_password(uri)
+    parsed = urllib.parse.urlsplit(uri)
+    health = urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2],
+                                                     path=f"{parsed.path.rstrip('/')}/health"))  # fmt: skip
     try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout_s):
+        with urllib.request.urlopen(health, timeout=timeout_s):
             return
-    except (urllib.error.URLError, OSError) as exc:
-        raise QbenchError(f"MLflow tracking server {uri} does not answer ({exc}); start it or use --no-track") from None
+    except urllib.error.HTTPError as exc:
+        if exc.code < 500:
+            return
+        raise QbenchError(f"MLflow tracking server {shown} answers HTTP {exc.code} {exc.reason} (a proxy whose server is "
+                          "down, or the server failing); start it or use --no-track") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL (a bad port)
+        raise QbenchError(f"MLflow tracking server {shown} does not answer ({exc}); start it or use --no-track") from None

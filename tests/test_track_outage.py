@@ -1,10 +1,11 @@
 """Tracking stores that fail a sweep, on real `mlflow server`s. One that dies while a sweep runs (stopped after the
 first variant is logged): the sweep still measures every variant, writes complete results, does not sit in MLflow's
 back-off, and exits 2 saying that MLflow lacks the results. One whose artifact store this machine cannot write: an
-error before anything is measured."""
+error before anything is measured. An auth proxy that starts refusing while saved results are logged: one failure."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -12,15 +13,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from auth_proxy import refusing_proxy
 from mlflow.entities import LoggedModelStatus
 from mlflow.tracking import MlflowClient
 from server_processes import start_mlflow_server, stop_process_group
 from test_explain import INT8, write_fragile_project
+from test_track import artifacts_for, small_sweep, write_recipe
 from tracking_hooks import in_tracking_process
 
 from qbench.cli_app import main
+from qbench.errors import QbenchError
+from qbench.gate import evaluate_gate
 from qbench.results import read_results
 from qbench.sweep import _Progress
+from qbench.track_saved import log_sweep
 from qbench.track_store import BOUNDED_RETRIES
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stops the server's process group via /proc")
@@ -207,3 +213,26 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
     assert all(r.info.end_time is not None for r in runs)
     assert main(["gate", str(recipe)]) == 0  # the complete results on disk are judged
 
+
+
+def test_an_auth_proxy_refusing_the_logging_of_saved_results_is_reported_once_and_stops_the_logging(
+    mlflow_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`qbench track` (log_sweep) logs each variant inside the sweep run's closing step. A proxy in front of a real
+    server starts answering 403 at the first variant's metrics: before, the variant's failure was reported and its
+    runs ended, then the closing step went on, failed again on the sweep's own metrics, reported a second failure
+    and ended the runs a second time (4 requests refused: against a server that hangs instead, each one is a bounded
+    retry's wait). Now the first failure stops the logging: one warning, one attempt to end the runs. The URI's
+    password (MLflow's client sends it as basic auth) is in neither: before, both lines printed it."""
+    monkeypatch.chdir(tmp_path)
+    with refusing_proxy(mlflow_server, refuse_from="/runs/log-batch") as proxy:
+        uri = proxy.url.replace("http://", "http://ci:s3cret@")
+        recipe = write_recipe(tmp_path, {"uri": uri, "experiment": "refused-mid-logging"})
+        results = small_sweep()
+        with caplog.at_level(logging.WARNING, logger="qbench.track"), pytest.raises(QbenchError, match="403") as raised:
+            log_sweep(results, recipe, gate=evaluate_gate(results, recipe.gate), artifacts=artifacts_for(tmp_path))
+    warnings = [r.getMessage() for r in caplog.records if "the sweep goes on without MLflow" in r.getMessage()]
+    assert len(warnings) == 1 and str(raised.value) in warnings[0], warnings
+    assert "s3cret" not in warnings[0] and f"MLflow tracking at {proxy.url} failed" in warnings[0]
+    assert proxy.refused[0].startswith("POST /api/2.0/mlflow/runs/log-batch")
+    assert len(proxy.refused) == 2, proxy.refused  # the refused metrics, then the first call that would end the runs
