@@ -312,8 +312,9 @@ def track(
     from qbench.track_saved import track_run_folder
 
     with contextlib.redirect_stdout(sys.stderr):  # MLflow's "View run ..." lines: on stderr, as a sweep's are
-        run_id = track_run_folder(load_recipe(recipe), run_dir)
-    err_console.print(f"MLflow run: {run_id}  (open the UI with `qbench ui {recipe}`)", markup=False)
+        run_id, logged_now = track_run_folder(load_recipe(recipe), run_dir)
+    already = "" if logged_now else f"{run_dir} is in MLflow already, nothing logged; "
+    err_console.print(f"{already}MLflow run: {run_id}  (open the UI with `qbench ui {recipe}`)", markup=False)
     return 0
 
 

@@ -99,10 +99,12 @@ def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport, results: S
     return parent.info.run_id
 
 
-def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
-    """Log the complete sweep saved in `run_dir` (a run of `recipe`) with its gate verdict; returns the parent run id.
+def track_run_folder(recipe: Recipe, run_dir: Path) -> tuple[str, bool]:
+    """Log the complete sweep saved in `run_dir` (a run of `recipe`) with its gate verdict; returns the parent run id
+    and whether it was logged now: a folder the store holds already is logged once, so a retried CI job that tracks
+    it again gets its run, not an error.
 
-    Refused (QbenchError) for an incomplete run, another recipe's run, or a folder the store holds already.
+    Refused (QbenchError) for an incomplete run or another recipe's run.
     """
     from qbench.gate_run import run_gate
 
@@ -117,12 +119,12 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> str:
         raise QbenchError(f"{run_dir} is a run of recipe {results.recipe.get('name')!r}, not of {recipe.name!r}")
     existing = logged_sweep_run(recipe, run_dir)
     if existing is not None:
-        raise QbenchError(f"{run_dir} is in MLflow already (sweep run {existing}); nothing logged")
+        return existing, False
     artifacts = [run_dir / name for name in REPORT_FILES if (run_dir / name).is_file()]
     record_tracking(run_dir, True, resolve_tracking_uri(recipe))  # first: a folder logged but not marked would be left untagged by `qbench gate`
     run_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts)
     _end_failed_attempts(recipe, run_dir, run_id)
-    return run_id
+    return run_id, True
 
 
 def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
