@@ -97,14 +97,18 @@ def labels_from_lists(values: Sequence[Any], positions: np.ndarray, integral: An
 
 
 def check_token_labels(labels: np.ndarray, output: TensorMeta, positions: np.ndarray, classes: int | None) -> None:
-    """Token labels against a per-token output: as many per row as its token axis, class ids within its classes."""
+    """Token labels against a per-token output: as many per row as its token axis, class ids within its classes.
+
+    Lists of labels fit any float (rows, tokens, classes) output, a token axis of 1 included, as is_token_scores reads
+    it: the run check sees a symbolic token axis at its length, and a decoder step's one new token ([batch, 'step',
+    vocabulary], 1 at run time) must not be refused there for the token labels the graph's shape asked for."""
     if labels.ndim != 2:
         if token_axis(output):
             raise LabelError(f"hold one class id per row, but output {output.name!r} of shape {list(output.shape)} "
                              "scores every token: expected a list of one class id per token in each row "
                              f"({IGNORE_LABEL} for a token not to score)")  # fmt: skip
         return
-    if not token_axis(output):
+    if not (is_float(output) and len(output.shape) == 3):
         raise LabelError(f"hold a list per row (token labels), but output {output.name!r} of shape "
                          f"{list(output.shape)} is not (rows, tokens, classes): expected one class id per row")  # fmt: skip
     tokens = output.shape[1]

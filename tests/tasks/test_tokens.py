@@ -153,18 +153,23 @@ def test_the_labels_pass_over_the_outputs_they_cannot_score() -> None:
 # -- end to end --------------------------------------------------------------------------------
 
 
-def _token_project(root: Path, pooled: bool = False, **recipe: object) -> tuple[Path, np.ndarray, np.ndarray]:
+def _token_project(root: Path, pooled: bool = False, step: bool = False,
+                   **recipe: object) -> tuple[Path, np.ndarray, np.ndarray]:  # fmt: skip
     """Gather(embedding, ids[batch, 6]) -> MatMul -> logits [batch, 6, 3]; classes 0 and 1 nearly tie, so INT8 turns
     some tokens. Labels: FP32's top-1 with a fifth of the tokens moved to the next class, the last token -100.
-    `pooled`: a first output `pooled` [batch, 8] too, the embeddings' mean over the tokens."""
+    `pooled`: a first output `pooled` [batch, 8] too, the embeddings' mean over the tokens. `step`: a decoder step
+    as optimum exports one for use with a cache, one new token per row on token axes the graph leaves symbolic
+    (ids ['batch', 'new_tokens'], logits ['batch', 'step', 3]), that token scored."""
     import pandas as pd
 
     rng = np.random.default_rng(0)
     embedding = rng.normal(size=(VOCAB, 8)).astype(np.float32)
     weights = rng.normal(size=(8, CLASSES)).astype(np.float32)
     weights[:, 1] = weights[:, 0] + rng.normal(scale=0.02, size=8).astype(np.float32)
-    ids_info = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", TOKENS])
-    logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", TOKENS, CLASSES])
+    tokens = 1 if step else TOKENS
+    ids_info = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "new_tokens" if step else TOKENS])
+    logits_info = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "step" if step else TOKENS,
+                                                                              CLASSES])  # fmt: skip
     nodes = [helper.make_node("Gather", ["emb", "ids"], ["h"]), helper.make_node("MatMul", ["h", "w"], ["logits"])]
     outputs = [logits_info]
     if pooled:
@@ -173,11 +178,12 @@ def _token_project(root: Path, pooled: bool = False, **recipe: object) -> tuple[
     model = graph_model(
         nodes, [ids_info], outputs, [numpy_helper.from_array(embedding, "emb"), numpy_helper.from_array(weights, "w")]
     )
-    ids = rng.integers(0, VOCAB, size=(ROWS, TOKENS))
+    ids = rng.integers(0, VOCAB, size=(ROWS, tokens))
     labels = np.argmax(embedding[ids] @ weights, axis=-1)
     moved = rng.random(labels.shape) < 0.2
     labels[moved] = (labels[moved] + 1) % CLASSES
-    labels[:, -1] = -100
+    if not step:
+        labels[:, -1] = -100
     table = pd.DataFrame({"x": list(ids), "y": list(labels), "half": np.where(np.arange(ROWS) < 20, "few", "many")})
     return project(root, model, table, task="classification", **recipe), ids, labels
 
@@ -233,6 +239,35 @@ def test_token_labels_evaluate_the_per_token_output_beside_a_pooled_one(
     recipe, ids, labels = _token_project(tmp_path, pooled=True, gate={"metric": "accuracy", "max_drop": 0.5,
                                          "max_slice_drop": 0.5})  # fmt: skip
     _assert_fp32_token_accuracy(recipe, tmp_path, ids, labels, capsys)
+
+
+def test_a_decoder_steps_one_new_token_takes_the_token_labels_its_graph_asks_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Logits ['batch', 'step', classes], 1 at run time (optimum's decoder_with_past_model.onnx): the graph's shape
+    asks for a list of token labels per row, and the check against FP32's run then refused those same lists as 'not
+    (rows, tokens, classes): expected one class id per row' (exit 2 whatever the labels). They are scored per token."""
+    import pandas as pd
+
+    recipe, ids, labels = _token_project(tmp_path, step=True, gate={"metric": "accuracy", "max_drop": 0.5,
+                                         "max_slice_drop": 0.5})  # fmt: skip
+    results, _ = run_all(recipe, capsys)
+    fp32_result = results.find("fp32", "onnxruntime-cpu")
+    assert fp32_result is not None and fp32_result.accuracy is not None
+    fp32 = plain_ort(tmp_path / "model.onnx", {"ids": ids})["logits"]
+    assert fp32.shape == (ROWS, 1, CLASSES)
+    assert fp32_result.accuracy.overall.metrics["accuracy"] == pytest.approx(np.mean(fp32.argmax(-1) == labels))
+    int8_result = results.find("int8", "onnxruntime-cpu")
+    assert int8_result is not None and int8_result.accuracy is not None and int8_result.model_path
+    int8 = plain_ort(Path(int8_result.model_path), {"ids": ids})["logits"]
+    agreement = int8_result.accuracy.overall.metrics["agreement"]
+    assert agreement == pytest.approx(np.mean(int8.argmax(-1) == fp32.argmax(-1)))
+    table = pd.read_parquet(tmp_path / "data.parquet")
+    table["y"] = [int(cell[0]) for cell in table["y"]]
+    table.to_parquet(tmp_path / "data.parquet")
+    assert main(["validate", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert said("hold one class id per row, but output 'logits' of shape [None, None, 3] scores every token", err), err
 
 
 def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
