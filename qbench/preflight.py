@@ -34,7 +34,7 @@ from qbench.data import (
     training_rows,
 )
 from qbench.data.content import content_table
-from qbench.data.feeds import text_feed_notes
+from qbench.data.feeds import sequence_ids, text_feed_notes
 from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
@@ -115,6 +115,7 @@ class Prepared:
     selection: SelectionRows | None = None  # where searches choose among candidates (qbench.selection_rows)
     distinct_inputs: dict[str, int] = field(default_factory=dict)  # EvaluationRows.distinct_inputs
     evaluation_digests: np.ndarray | None = None  # EvaluationRows.digests: what each evaluation row feeds the model
+    evaluation_sequence_ids: np.ndarray | None = None  # of the evaluation rows (qbench.data.feeds.sequence_ids)
 
     @property
     def output_name(self) -> str:
@@ -284,6 +285,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         selection=selection,
         distinct_inputs=evaluation.distinct_inputs,
         evaluation_digests=evaluation.digests,
+        evaluation_sequence_ids=sequence_ids(table, eval_rows, data.inputs, recipe_file=recipe.source),
     )
 
 

@@ -27,6 +27,7 @@ import pandas as pd
 from qbench.data import build_feeds
 from qbench.data.content import content_table
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
+from qbench.data.feeds import sequence_ids
 from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
@@ -61,6 +62,7 @@ class SelectionRows:
     digests: np.ndarray | None = None
     # slices the gate judges that none of these rows fall in: the choice could not weigh a candidate there
     unjudged: tuple[str, ...] = ()
+    sequence_ids: np.ndarray | None = None  # the rows' text pairs' (qbench.data.feeds.sequence_ids)
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ def selection_rows(
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
     digests = row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread), rows,
                           data.fed_columns)
-    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged)
+    return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged,
+                         sequence_ids(table, rows, data.inputs, recipe_file=recipe_file))
 
 
 def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: Sequence[str] = ()) -> str:

@@ -28,6 +28,7 @@ from qbench.data.nonfinite import cell_array, stacked_numeric_cells
 from qbench.data.text import (
     check_pair_column,
     load_tokenizer,
+    pair_sequence_ids,
     text_cells,
     tokenize,
     tokenizer_field,
@@ -106,6 +107,25 @@ def _feeds(
                 raise
             raise RecipeError(exc.file, exc.field, exc.detail + hint) from None
     return feeds
+
+
+def sequence_ids(
+    df: pd.DataFrame, positions: np.ndarray, inputs: Mapping[str, InputTarget], *, recipe_file: Path
+) -> np.ndarray | None:
+    """The tokenizer's sequence ids (qbench.data.text.pair_sequence_ids) of the rows at `positions` as `build_feeds`
+    encodes them, where one text input encodes (text, pair) pairs: which tokens are the pair's second text (a QA
+    model's context), whatever inputs the model takes. None without such an input, with several (which one a task
+    reads is unknown), or with a tokenizer that cannot say. Call it on rows `build_feeds` has accepted."""
+    paired = [(column, spec) for column, spec in inputs.items()
+              if isinstance(spec, TextInputSpec) and spec.tokenizer.pair is not None]  # fmt: skip
+    if len(paired) != 1 or len(positions) == 0:
+        return None
+    column, spec = paired[0]
+    field = f"{INPUTS_FIELD}.{column}"
+    texts = text_cells(df[column].iloc[positions], column, recipe_file=recipe_file, field=field)
+    pairs = text_cells(df[str(spec.tokenizer.pair)].iloc[positions], str(spec.tokenizer.pair), recipe_file=recipe_file,
+                       field=tokenizer_field(column, "pair"))  # fmt: skip
+    return pair_sequence_ids(texts, pairs, spec.tokenizer, recipe_file=recipe_file, column=column)
 
 
 def labels_array(df: pd.DataFrame, positions: np.ndarray, column: str, *, recipe_file: Path) -> np.ndarray:

@@ -13,7 +13,9 @@ has the same shape. Rows longer than `max_length` tokens are truncated.
 
 `tokenizer.pair: <column>` encodes each row's text with that column's text as one pair, as the tokenizer
 does (`tokenizer(texts, text_pair=pairs)`): [CLS] text [SEP] pair [SEP] with token_type_ids 0 then 1;
-`tokenizer.truncation` says which of the two loses tokens past max_length.
+`tokenizer.truncation` says which of the two loses tokens past max_length. The tokenizer's own sequence ids of each
+pair (`pair_sequence_ids`: 0 the first text, 1 the second, -1 a special token or padding) say where the second text
+lies whatever inputs the model takes (a DistilBERT or RoBERTa takes no token_type_ids).
 
 Where the tokenizer comes from (`tokenizer.path`):
 
@@ -188,6 +190,25 @@ def tokenize(
         return_tensors="np",
     )
     return {name: np.asarray(encoded[name], dtype=np.int64) for name in tokenizer.model_input_names if name in encoded}
+
+
+NOT_IN_A_TEXT = -1
+"""pair_sequence_ids' value at a special token ([CLS], [SEP]) and at padding."""
+
+
+def pair_sequence_ids(
+    texts: Sequence[str], pairs: Sequence[str], spec: TokenizerSpec, *, recipe_file: Path, column: str
+) -> np.ndarray | None:
+    """(rows, length) int64: which text of its pair each token of `tokenize(texts, ..., pairs=pairs)` comes from, as
+    the tokenizer itself says (`encoding.sequence_ids()`: 0 the first text, 1 the second, NOT_IN_A_TEXT a special
+    token or padding). None for a tokenizer that cannot say (a slow, pure-Python one)."""
+    tokenizer = load_tokenizer(spec, recipe_file=recipe_file, column=column)
+    if not tokenizer.is_fast or not texts:
+        return None
+    encoded = tokenizer(list(texts), text_pair=list(pairs), padding=spec.padding, truncation=spec.truncation,
+                        max_length=spec.max_length)  # fmt: skip
+    return np.array([[NOT_IN_A_TEXT if i is None else i for i in encoded.sequence_ids(row)] for row in range(len(texts))],
+                    dtype=np.int64)  # fmt: skip
 
 
 def _check_fits_truncation(

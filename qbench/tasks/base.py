@@ -50,6 +50,10 @@ class MetricError(QbenchError):
 
 
 INPUTS_PARAMETER = "inputs"  # the custom metric's parameter that is given the scored rows' model inputs
+SEQUENCE_IDS = "<tokenizer sequence ids>"
+"""The key, in the feeds a task reads (values_read, rows_together), of the tokenizer's sequence ids of a text pair
+(qbench.data.text.pair_sequence_ids: 0 first text, 1 second, -1 special or padding), where the rows encode one;
+named as no model input is, since it is never fed to the model."""
 
 
 @dataclass(frozen=True)
@@ -253,7 +257,7 @@ class Task(ABC):
         feeds: Mapping[str, np.ndarray],
     ) -> RowSummary:
         """Per-row quantities of the outputs of `together` (in its order) vs FP32's and `labels`; `feeds`: the model
-        inputs the rows were run with (which tokens a row's answer may lie in)."""
+        inputs the rows were run with, and SEQUENCE_IDS where known (which tokens a row's answer may lie in)."""
         raise QbenchError(f"task {self.name!r} judges each output on its own")
 
     def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:

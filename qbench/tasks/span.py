@@ -7,10 +7,12 @@ each output's arg-max on its own, over the question and the padding too, can cal
 one token 0 % or 100 % different depending on a position no answer can hold; this task decodes the span as it is
 used and scores it.
 
-The context's tokens are those with token_type_ids 1 and attention_mask 1 in the fed pair (`tokenizer.pair`: the
-second text; its closing [SEP] included). A model without a token_type_ids input cannot be told the pair's texts
-apart by its feeds: the span may then lie on any attended token (the question too; the text inputs' note at the
-start of a sweep says that the model reads no token_type_ids).
+The context's tokens are the pair's second text as the tokenizer encoded it (`tokenizer.pair`; its sequence ids,
+SEQUENCE_IDS, 1: no [CLS], [SEP] nor padding), whatever inputs the model takes: a DistilBERT or RoBERTa QA model
+takes no token_type_ids, and a span read over every attended token could start on the question or [CLS] (so does
+Hugging Face's QA pipeline read it). Where the sequence ids are unknown (no `tokenizer.pair`, a slow tokenizer, feeds
+given directly) they are the tokens with token_type_ids 1 and attention_mask 1 (the closing [SEP] included); without
+token_type_ids either, every attended token (the question too).
 Labels, optional, are one list per row, `[start, end]`: the answer's first and last token (inclusive) in the fed
 pair's tokens, within the context. Without labels, exact_match and f1 are against FP32's span.
 """
@@ -26,7 +28,7 @@ import numpy as np
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import LabelError, Task, example_rows, is_float, mean_or_nan, no_label, wilson
+from qbench.tasks.base import SEQUENCE_IDS, LabelError, Task, example_rows, is_float, mean_or_nan, no_label, wilson
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -44,15 +46,18 @@ SPAN_FIGURES = ("exact_match", "f1", "span_agreement", "span_f1")
 
 
 def context_tokens(feeds: Mapping[str, np.ndarray], shape: tuple[int, int]) -> np.ndarray:
-    """(rows, tokens) bool: where an answer may lie. token_type_ids == 1 (the pair's second text) and attention_mask
-    == 1 where the feeds hold them; without token_type_ids every attended token; without either every token."""
+    """(rows, tokens) bool: where an answer may lie. The tokenizer's sequence ids == 1 (the pair's second text) where
+    the feeds hold them; else token_type_ids == 1 where they hold those; and attention_mask == 1 where they hold it:
+    without sequence ids and token_type_ids every attended token; without any of them every token."""
     allowed = np.ones(shape, dtype=bool)
-    for name, wanted in ((CONTEXT_TYPE, 1), (MASK, 1)):
+    second_text = SEQUENCE_IDS if SEQUENCE_IDS in feeds else CONTEXT_TYPE
+    for name, wanted in ((second_text, 1), (MASK, 1)):
         if name not in feeds:
             continue
         values = np.asarray(feeds[name])
         if values.shape != shape:
-            raise QbenchError(f"input {name!r} has shape {list(values.shape)}, the start/end scores {list(shape)}: "
+            what = "the tokenizer's sequence-id array" if name == SEQUENCE_IDS else f"input {name!r}"
+            raise QbenchError(f"{what} has shape {list(values.shape)}, the start/end scores {list(shape)}: "
                               "expected one value per scored token")  # fmt: skip
         allowed &= values == wanted
     return allowed
@@ -219,10 +224,10 @@ class Span(Task):
             outside = ~(allowed[np.arange(len(labels)), labels[:, 0]] & allowed[np.arange(len(labels)), labels[:, 1]])
             if outside.any():
                 raise LabelError(f"data.label: {example_rows(outside, labels.tolist())} (evaluation row): the answer "
-                                 "lies outside the context's tokens (token_type_ids 1, attention_mask 1)")  # fmt: skip
+                                 "lies outside the context's tokens (the pair's second text)")  # fmt: skip
         answerable = allowed.any(axis=1)
         if not answerable.any():
-            raise QbenchError(f"no row holds a context token ({CONTEXT_TYPE} 1 where {MASK} is 1): task 'span' decodes "
+            raise QbenchError("no row holds a context token (the pair's second text, attended): task 'span' decodes "
                               "an answer inside the pair's second text; expected (question, context) pairs "
                               "(tokenizer.pair)")  # fmt: skip
         fp32 = best_spans(*reference, allowed, self.max_answer_tokens)

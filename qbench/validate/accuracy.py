@@ -19,7 +19,7 @@ from qbench.backends.base import Runner
 from qbench.errors import QbenchError, environment_cause
 from qbench.results import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
-from qbench.tasks.base import MetricError, RowSummary, Task
+from qbench.tasks.base import SEQUENCE_IDS, MetricError, RowSummary, Task
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.float_range import FloatFormat, beyond_format_note, float_format
@@ -187,6 +187,7 @@ def evaluate_accuracy(
     lowest_wins: Collection[str] = (),
     cuts: Mapping[str, metrics.BinaryCut] | None = None,
     precision: str | None = None,
+    sequence_ids: np.ndarray | None = None,
 ) -> AccuracyResult:
     """Metrics of `outputs` against `reference_outputs` (FP32) and `labels`, overall and per slice.
 
@@ -206,8 +207,11 @@ def evaluate_accuracy(
     `slices` maps a slice name to a boolean mask over the rows. A task judging its outputs together (Task.together:
     span) gets them in the order given and `feeds`, the inputs the rows were run with; its metrics are unprefixed.
     A custom metric taking `inputs` (CustomMetric.wants_inputs) gets `feeds` too, the rows of each scope it scores.
+    `sequence_ids`: the tokenizer's sequence ids of the rows' text pairs (qbench.data.feeds.sequence_ids), which the
+    task reads with `feeds` (as SEQUENCE_IDS; span: the context's tokens, whether or not the model takes them in).
     """
     judge = get_task(task).configured(task_options or {})
+    task_feeds = dict(feeds or {}) if sequence_ids is None else {**(feeds or {}), SEQUENCE_IDS: np.asarray(sequence_ids)}
     named = dict(outputs) if isinstance(outputs, Mapping) else {"": outputs}
     references = dict(reference_outputs) if isinstance(reference_outputs, Mapping) else {"": reference_outputs}
     if set(named) != set(references):
@@ -244,8 +248,8 @@ def evaluate_accuracy(
             judge = judge.for_slices(masks)
         flip = judge.decides_by_argmax and name in lowest_wins and values.ndim == 2 and values.shape[1] > 1
         values = _read_beyond_range(judge, values, reference, float_format(precision), flip)
-        row_bad = judge.nonfinite_rows(values, own_labels, feeds, reference)
-        reference_bad = judge.nonfinite_rows(reference, own_labels, feeds)
+        row_bad = judge.nonfinite_rows(values, own_labels, task_feeds, reference)
+        reference_bad = judge.nonfinite_rows(reference, own_labels, task_feeds)
         row_new = row_bad & ~reference_bad
         nonfinite_reference = reference_bad if not parts else nonfinite_reference | reference_bad
         nonfinite = row_bad if nonfinite.size == 0 else nonfinite | row_bad
@@ -255,7 +259,7 @@ def evaluate_accuracy(
         scale = scale if scale is not None else (probabilities or {}).get(name)
         summary = None if judge.together else judge.rows(-values if flip else values, -reference if flip else reference,
                                                          own_labels, probabilities=scale)  # fmt: skip
-        read[name] = judge.values_read(values, own_labels, feeds or {})
+        read[name] = judge.values_read(values, own_labels, task_feeds)
         masked[name] = judge.masks_with_neginf(reference)
         parts[name] = _OutputRows(prefix, name, summary, values, reference, own_labels, reference_bad,
                                   _nonfinite_rows(reference, masked[name]))  # fmt: skip
@@ -264,7 +268,7 @@ def evaluate_accuracy(
     joint_parts: list[_OutputRows] = []
     if judge.together:
         joint_summary = judge.rows_together([p.outputs for p in parts.values()], [p.reference for p in parts.values()],
-                                            labels, feeds or {})  # fmt: skip
+                                            labels, task_feeds)  # fmt: skip
         joint_parts.append(_OutputRows("", "", joint_summary, np.zeros(0), np.zeros(0), labels, nonfinite_reference,
                                        nonfinite_reference))  # fmt: skip
 

@@ -79,18 +79,20 @@ Feeds = dict[str, np.ndarray]
 class Rows:
     """The rows a measurement runs: feeds, labels and slice masks over them, and the batch size to run them in;
     `digests`: each row's digest of what it feeds the model (None: unknown), from which a verdict on these rows
-    counts their distinct inputs (`distinct_inputs`), as the gate does on the evaluation rows."""
+    counts their distinct inputs (`distinct_inputs`), as the gate does on the evaluation rows; `sequence_ids`: the
+    tokenizer's sequence ids of their text pairs (qbench.data.feeds.sequence_ids), which the task reads, never fed."""
 
     feeds: Feeds
     labels: np.ndarray | None
     slices: dict[str, np.ndarray]
     batch_size: int
     digests: np.ndarray | None = None
+    sequence_ids: np.ndarray | None = None
 
     @classmethod
     def evaluation(cls, prepared: Prepared) -> Rows:
         return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size,
-                   prepared.evaluation_digests)  # fmt: skip
+                   prepared.evaluation_digests, prepared.evaluation_sequence_ids)  # fmt: skip
 
     @classmethod
     def selection(cls, prepared: Prepared) -> Rows | None:
@@ -98,7 +100,8 @@ class Rows:
         chosen = prepared.selection
         if chosen is None:
             return None
-        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests)
+        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests,
+                   chosen.sequence_ids)  # fmt: skip
 
     @classmethod
     def judged_on(cls, prepared: Prepared) -> Rows:
@@ -133,9 +136,9 @@ class Rows:
 
     def subset(self, indices: np.ndarray) -> Rows:
         labels = None if self.labels is None else self.labels[indices]
-        digests = None if self.digests is None else self.digests[indices]
+        digests, ids = (None if a is None else a[indices] for a in (self.digests, self.sequence_ids))
         return Rows({k: v[indices] for k, v in self.feeds.items()}, labels,
-                    {k: m[indices] for k, m in self.slices.items()}, self.batch_size, digests)  # fmt: skip
+                    {k: m[indices] for k, m in self.slices.items()}, self.batch_size, digests, ids)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,8 @@ def measure(
         options = {"probabilities": scales, "task_options": recipe.task_options,
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
                    "cuts": {c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
-                            if c.meta.decision_cut is not None}, "precision": built.precision}  # fmt: skip
+                            if c.meta.decision_cut is not None}, "precision": built.precision,
+                   "sequence_ids": rows.sequence_ids}  # fmt: skip
         against = reference.accuracy if reference is not None and reference.accuracy else None
         try:
             accuracy = evaluate_accuracy(recipe.task, outputs, base, rows.labels, rows.slices, prepared.custom_metrics,

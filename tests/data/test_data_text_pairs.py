@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from qbench.data.evaluation import text_columns
-from qbench.data.feeds import build_feeds, text_feed_notes
+from qbench.data.feeds import build_feeds, sequence_ids, text_feed_notes
 from qbench.data.leakage import row_digests, shared_rows
 from qbench.data.slices import slice_masks
 from qbench.data.text import installed_package_folder, load_tokenizer, token_counts, tokenize
@@ -75,6 +75,25 @@ def test_tokenize_and_token_counts_take_the_pair_texts() -> None:
     singles = token_counts(QUERIES, spec, recipe_file=RECIPE, column="query")
     second = token_counts(PASSAGES, spec, recipe_file=RECIPE, column="passage")
     assert counts.tolist() == (singles + second - 1).tolist()  # [CLS] q [SEP] + p [SEP]
+
+
+def test_the_pair_s_sequence_ids_are_the_tokenizer_s_whatever_inputs_the_model_takes() -> None:
+    """[CLS] bees decline . [SEP] bees . [SEP] then padding: 0 over the query, 1 over the passage, -1 elsewhere;
+    the same for a model fed input_ids and attention_mask alone (a DistilBERT), where no feed tells them apart."""
+    spec = _spec(max_length=10)
+    table = pd.DataFrame({"query": QUERIES, "passage": PASSAGES})
+    inputs = {"query": TextInputSpec(tokenizer=spec)}
+    ids = sequence_ids(table, np.array([1, 2]), inputs, recipe_file=RECIPE)
+    assert ids is not None and ids.shape == (2, 10)
+    assert ids[0].tolist() == [-1, 0, 0, 0, -1, 1, 1, -1, -1, -1]
+    feeds = build_feeds(table, np.array([1, 2]), inputs, _int_inputs("input_ids", "attention_mask"), recipe_file=RECIPE)
+    assert set(feeds) == {"input_ids", "attention_mask"} and feeds["input_ids"].shape == ids.shape
+    passage = feeds["input_ids"][0][ids[0] == 1]
+    tokenizer = load_tokenizer(spec, recipe_file=RECIPE, column="query")
+    assert passage.tolist() == tokenizer("Bees.", add_special_tokens=False)["input_ids"]
+    assert (ids[1] == 1).any() and (ids[1] == 0).any()  # the long query truncated: both texts keep tokens
+    single = {"query": TextInputSpec(tokenizer=TokenizerSpec(path=f"package:{MINILM}", max_length=10))}
+    assert sequence_ids(table, np.array([1, 2]), single, recipe_file=RECIPE) is None  # one text: no pair to tell
 
 
 def test_by_length_buckets_a_pair_by_the_tokens_of_both_texts() -> None:

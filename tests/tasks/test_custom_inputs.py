@@ -226,7 +226,7 @@ def test_text_inputs_reach_the_metric_as_the_model_was_fed_token_ids(tmp_path, m
     )  # fmt: skip
     metric = {"name": "attended", "function": "fed_metrics:attended", "higher_is_better": True,
               "outputs": ["start_logits", "end_logits"]}  # fmt: skip
-    recipe, feeds, _ = _qa_project(tmp_path, metrics=[metric], model={"path": "model.onnx",
+    recipe, feeds, *_ = _qa_project(tmp_path, metrics=[metric], model={"path": "model.onnx",
                                                                        "outputs": ["start_logits", "end_logits"]})
     monkeypatch.chdir(tmp_path)
     results, _ = run_all(recipe, capsys)

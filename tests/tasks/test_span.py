@@ -13,7 +13,7 @@ from task_projects import graph_model, plain_ort, project, run_all, said
 from qbench.cli_app import main
 from qbench.errors import QbenchError
 from qbench.tasks import get_task
-from qbench.tasks.base import LabelError
+from qbench.tasks.base import SEQUENCE_IDS, LabelError
 from qbench.tasks.span import NO_SPAN, best_spans, context_tokens, token_f1
 from qbench.validate.accuracy import evaluate_accuracy
 
@@ -45,6 +45,28 @@ def test_the_context_is_the_pairs_second_text_where_attended_or_every_attended_t
     assert context_tokens({"attention_mask": mask}, (1, 6)).tolist() == [[1, 1, 1, 1, 0, 0]]
     with pytest.raises(QbenchError, match="input 'attention_mask' has shape"):
         context_tokens({"attention_mask": mask}, (1, 5))
+
+
+def test_the_tokenizer_s_sequence_ids_mark_the_context_whatever_the_model_is_fed() -> None:
+    """[CLS] q q [SEP] c c [SEP] pad: the context is the two c's, not the closing [SEP] that token_type_ids 1 holds,
+    and known without token_type_ids; a span over the attended tokens would start on [CLS] or the question."""
+    ids = np.array([[-1, 0, 0, -1, 1, 1, -1, -1]])
+    mask = np.array([[1, 1, 1, 1, 1, 1, 1, 0]])
+    types = np.array([[0, 0, 0, 0, 1, 1, 1, 0]])
+    only_context = [[0, 0, 0, 0, 1, 1, 0, 0]]
+    assert context_tokens({SEQUENCE_IDS: ids, "attention_mask": mask}, (1, 8)).tolist() == only_context
+    assert context_tokens({SEQUENCE_IDS: ids, "token_type_ids": types, "attention_mask": mask}, (1, 8)).tolist() == (
+        only_context)
+    with pytest.raises(QbenchError, match="the tokenizer's sequence-id array has shape"):
+        context_tokens({SEQUENCE_IDS: ids}, (1, 7))
+    # FP32: [CLS] 4 + 4 beats c's 3 + 2; the variant: its best context span (4, 4) against FP32's context span (4, 5)
+    reference = {"start": np.array([[4.0, 0, 0, 0, 3, 0, 0, 0]]), "end": np.array([[4.0, 0, 0, 0, 1, 2, 0, 0]])}
+    variant = {"start": np.array([[4.0, 0, 0, 0, 3, 0, 0, 0]]), "end": np.array([[4.0, 0, 0, 0, 2, 1, 0, 0]])}
+    fed = {"attention_mask": mask}
+    judged = evaluate_accuracy("span", variant, reference, None, {}, feeds=fed, sequence_ids=ids).overall.metrics
+    assert judged["span_agreement"] == 0.0 and judged["span_f1"] == pytest.approx(2 * 1 / (1 + 2))
+    anywhere = evaluate_accuracy("span", variant, reference, None, {}, feeds=fed).overall.metrics
+    assert anywhere["span_agreement"] == 1.0  # both at [CLS]: the question's agreement, no answer's
 
 
 def _one_hot(positions: list[int], tokens: int = 6, high: float = 5.0) -> np.ndarray:
@@ -126,9 +148,10 @@ def test_labels_are_a_start_and_end_token_per_row_inside_the_context() -> None:
 TOKENS = 24
 
 
-def _qa_model(vocabulary: int):
+def _qa_model(vocabulary: int, token_types: bool = True):
     """(input_ids, attention_mask, token_type_ids) -> start_logits, end_logits [N, T]: a token embedding through a
-    linear layer, plus a token-type term, masked (padding -1e4): enough to quantise and to rank tokens."""
+    linear layer, plus a token-type term, masked (padding -1e4): enough to quantise and to rank tokens. Without
+    `token_types`, a DistilBERT's inputs (input_ids, attention_mask): the token-type term is then 0."""
     rng = np.random.default_rng(5)
     weights = [numpy_helper.from_array(rng.normal(size=(vocabulary, 8)).astype(np.float32), "embedding"),
                numpy_helper.from_array(rng.normal(size=(8, 2)).astype(np.float32), "w"),
@@ -148,13 +171,18 @@ def _qa_model(vocabulary: int):
         helper.make_node("Squeeze", ["a", "axis2"], ["start_logits"]), helper.make_node("Squeeze", ["b", "axis2"], ["end_logits"]),
     ]  # fmt: skip
     weights.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
-    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [None, None])
-              for n in ("input_ids", "attention_mask", "token_type_ids")]  # fmt: skip
+    if not token_types:  # token_type_ids: the mask times 0
+        weights.append(numpy_helper.from_array(np.array(0, np.int64), "zero"))
+        nodes.insert(0, helper.make_node("Mul", ["attention_mask", "zero"], ["token_type_ids"]))
+    names = ("input_ids", "attention_mask", "token_type_ids")[: 3 if token_types else 2]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [None, None]) for n in names]
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None]) for n in ("start_logits", "end_logits")]
     return graph_model(nodes, inputs, outputs, weights)
 
 
-def _qa_project(tmp_path, **changes):
+def _qa_project(tmp_path, token_types: bool = True, **changes):
+    """A QA project on MiniLM's tokenizer, its labels a random 1-2 token span of each row's context (the tokenizer's
+    sequence ids 1), its feeds and the context as the tokenizer marks it (rows, tokens)."""
     pytest.importorskip("transformers")
     from qbench.data.text import installed_package_folder, load_tokenizer
     from qbench.recipe_data import TokenizerSpec
@@ -170,9 +198,10 @@ def _qa_project(tmp_path, **changes):
     contexts = [" ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for _ in range(60)]
     encoded = tokenizer(questions, text_pair=contexts, max_length=TOKENS, truncation="only_second", padding="max_length",
                         return_tensors="np")  # fmt: skip
+    marked = np.array([[i == 1 for i in encoded.sequence_ids(row)] for row in range(60)])
     answers = []
     for row in range(60):
-        context = np.flatnonzero(encoded["token_type_ids"][row] * encoded["attention_mask"][row])
+        context = np.flatnonzero(marked[row])
         first = int(rng.integers(0, len(context)))
         answers.append([int(context[first]), int(context[min(first + 1, len(context) - 1)])])
     table = pd.DataFrame({"question": questions, "context": contexts, "answer": answers,
@@ -182,7 +211,8 @@ def _qa_project(tmp_path, **changes):
               "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
               "gate": {"max_drop": 1.0, "max_slice_drop": 1.0}, **changes}  # fmt: skip
     feeds = {k: np.asarray(encoded[k], np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    return project(tmp_path, _qa_model(tokenizer.vocab_size), table, **recipe), feeds, np.array(answers)
+    model = _qa_model(tokenizer.vocab_size, token_types)
+    return project(tmp_path, model, table, **recipe), feeds, np.array(answers), marked
 
 
 def _brute_force(start: np.ndarray, end: np.ndarray, context: np.ndarray) -> list[tuple[int, int]]:
@@ -196,11 +226,10 @@ def _brute_force(start: np.ndarray, end: np.ndarray, context: np.ndarray) -> lis
 
 @pytest.mark.slow
 def test_a_qa_model_fed_text_pairs_is_gated_on_the_f1_of_its_decoded_spans(tmp_path, monkeypatch, capsys):
-    recipe, feeds, answers = _qa_project(tmp_path)
+    recipe, feeds, answers, context = _qa_project(tmp_path)
     monkeypatch.chdir(tmp_path)
     results, shown = run_all(recipe, capsys)
     assert results.gate_metric == "f1" and said("Gate on f1", shown)
-    context = (feeds["token_type_ids"] == 1) & (feeds["attention_mask"] == 1)
     given = plain_ort(tmp_path / "model.onnx", feeds)
     fp32 = _brute_force(given["start_logits"], given["end_logits"], context)
     for variant in ("fp32", "fp16", "int8"):
@@ -215,6 +244,29 @@ def test_a_qa_model_fed_text_pairs_is_gated_on_the_f1_of_its_decoded_spans(tmp_p
         assert found.accuracy.slice("half=even").metrics["f1"] == pytest.approx(f1[::2].mean(), abs=1e-12)
 
 
+@pytest.mark.slow
+def test_a_qa_model_without_token_type_ids_is_judged_on_spans_inside_the_context(tmp_path, monkeypatch, capsys):
+    """A DistilBERT's inputs (input_ids, attention_mask): no feed marks the context, but the tokenizer encoded the
+    pair and says where it lies; each result's figures are those of its best span there, never on the question."""
+    recipe, feeds, answers, context = _qa_project(tmp_path, token_types=False)
+    monkeypatch.chdir(tmp_path)
+    results, _ = run_all(recipe, capsys)
+    fed = {k: feeds[k] for k in ("input_ids", "attention_mask")}
+    given = plain_ort(tmp_path / "model.onnx", fed)
+    attended = feeds["attention_mask"] == 1
+    fp32 = _brute_force(given["start_logits"], given["end_logits"], context)
+    anywhere = _brute_force(given["start_logits"], given["end_logits"], attended)
+    assert sum(not context[row, s] for row, (s, _) in enumerate(anywhere)) > 0  # read over every token: the question
+    for variant in ("fp32", "fp16", "int8"):
+        found = results.find(variant, "onnxruntime-cpu")
+        scores = plain_ort(found.evaluated_model_path or found.model_path, fed)
+        spans = _brute_force(scores["start_logits"], scores["end_logits"], context)
+        metrics = found.accuracy.overall.metrics
+        assert metrics["f1"] == pytest.approx(token_f1(np.array(spans), answers).mean(), abs=1e-12), variant
+        assert metrics["exact_match"] == pytest.approx(np.mean([s == tuple(a) for s, a in zip(spans, answers)]))
+        assert metrics["span_f1"] == pytest.approx(token_f1(np.array(spans), np.array(fp32)).mean(), abs=1e-12)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -227,7 +279,7 @@ def test_a_qa_model_fed_text_pairs_is_gated_on_the_f1_of_its_decoded_spans(tmp_p
     ],
 )  # fmt: skip
 def test_span_recipe_problems_name_the_field(tmp_path, capsys, changes, message):
-    recipe, _, _ = _qa_project(tmp_path, **changes)
+    recipe, *_ = _qa_project(tmp_path, **changes)
     assert main(["validate", str(recipe)]) == 2
     assert said(message, capsys.readouterr().err)
 
