@@ -55,7 +55,11 @@ def latest_results(recipe: Recipe) -> Path:
 
 
 def run_gate(
-    recipe: Recipe | None = None, results_path: Path | None = None, *, check_staleness: bool = True
+    recipe: Recipe | None = None,
+    results_path: Path | None = None,
+    *,
+    check_staleness: bool = True,
+    unchecked_because: str = "--no-staleness-check",
 ) -> tuple[GateReport, SweepResults]:
     """Library entry point of `qbench gate`: read results (latest of the recipe, or a file) and judge them.
 
@@ -63,7 +67,8 @@ def run_gate(
     `recipe`, or without one from the recipe embedded in the results (checked against its digest).
     The results must be intact (their digest), complete, consistent with qbench's own rules and
     fresh: every input (model, weights, factory source, data, tokenizer) hashed as at sweep time.
-    check_staleness=False judges results whose inputs can no longer be read; the report notes it. Either way the
+    check_staleness=False judges results whose inputs can no longer be read; the report notes it, giving
+    `unchecked_because` as the reason (the flag that asked for it, or the command that never checks). Either way the
     evaluation rows and slices are re-derived from the recipe's data whenever it can be read (a note says when
     it cannot), so results can never drop a slice the data makes.
     """
@@ -88,7 +93,7 @@ def run_gate(
         problems += [f"cannot check the results for staleness: {m} is gone; pass --no-staleness-check "
                      "to judge them anyway" for m in missing]  # fmt: skip
     else:
-        notes.append("inputs not checked for staleness (--no-staleness-check)")
+        notes.append(f"inputs not checked for staleness ({unchecked_because})")
     fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
     evaluated = None
     if not problems:  # stale results are unusable already: what changed data gives says nothing more

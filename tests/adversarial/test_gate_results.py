@@ -529,3 +529,13 @@ def test_a_run_of_another_recipe_file_of_the_same_name_is_said_to_be_so(swept: S
             "its section(s) 'data' differ: recipe files sharing a name and output_dir write their runs to one folder; "
             f"give each its own name, or re-run `qbench sweep {copy_recipe}`") in shown, shown[-2000:]  # fmt: skip
     assert "changed since the sweep" not in shown
+
+
+def test_report_says_why_it_did_not_check_staleness(swept: Swept, capsys):
+    """`qbench report` never checks the inputs; its note named `--no-staleness-check`, a flag the user did not
+    pass and that `qbench report` does not take, in its output and in the report.html it wrote."""
+    assert main(["report", str(swept.results.parent), "--html"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    expected = "inputs not checked for staleness (`qbench report` shows a past sweep as recorded; `qbench gate` checks"
+    assert expected in shown and "--no-staleness-check" not in shown, shown[-2000:]
+    assert "--no-staleness-check" not in (swept.results.parent / "report.html").read_text()
