@@ -15,6 +15,10 @@ import yaml
 from probe_project import probe_calls, write_probe_recipe
 
 from qbench.cli_app import main
+from qbench.digests import file_sha256
+from qbench.execute.resume import code_changes
+from qbench.provenance import PROJECT_MODULE_INPUT
+from qbench.recipe import load_recipe
 from qbench.results import read_results
 from qbench.sweep import run_sweep
 
@@ -110,3 +114,19 @@ def test_a_run_whose_project_modules_are_unchanged_is_reused_whole(
         assert not any("python module" in row for row in rows.values())
     finally:
         _forget(metric, helper)
+
+
+def test_code_changes_name_each_recorded_module_edited_or_gone_and_a_run_that_recorded_none(
+    user_project: Path, tmp_path: Path
+) -> None:
+    recipe_file = write_probe_recipe(user_project, tmp_path, variants=["fp16"])
+    _, helper = _with_helper_metric(recipe_file)
+    recipe = load_recipe(recipe_file)
+    name = f"{PROJECT_MODULE_INPUT}{helper}"
+    recorded = {name: file_sha256(tmp_path / f"{helper}.py")}
+    assert code_changes(recorded, recipe) == ()
+    (tmp_path / f"{helper}.py").write_text(HELPER_AFTER)
+    assert code_changes(recorded, recipe) == (f"python module {helper} changed",)
+    (tmp_path / f"{helper}.py").unlink()
+    assert code_changes(recorded, recipe) == (f"python module {helper} no longer found",)
+    assert code_changes(None, recipe) == ("the project modules its code imported not recorded (an older qbench)",)
