@@ -120,13 +120,15 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             local = recipe.executor.kind == "local"
             prepared = prepare(recipe, track=track, backends=local, snapshot=snapshot)
             # the modules of the user's project the recipe's code imported (its model's classes) are inputs too
-            recorded_inputs = {**inputs, **project_module_digests(recipe)}
+            modules = project_module_digests(recipe)
+            recorded_inputs = {**inputs, **modules}
             if local:  # the reference runs every batch size asked for, or nothing is built (a cluster's nodes check)
                 _check_reference_runs(prepared)
             clock.add("prepare", t)
             run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
-            write_plan(run_dir, plan, resumes=resume_from)
+            write_plan(run_dir, plan, resumes=resume_from,
+                       project_modules={name: entry.sha256 for name, entry in modules.items()})  # what a resume compares
             # `qbench gate` then knows an untracked run is in no MLflow store, and a tracked one's store wherever it runs
             record_tracking(run_dir, track, mlflow_uri)
         except Interrupted as exc:

@@ -14,6 +14,7 @@ from qbench.execute.plan import SweepPlan, build_facts, make_plan
 from qbench.execute.records import read_records
 from qbench.execute.resume import (
     Decision,
+    code_changes_by_run,
     decide_build,
     decide_measure,
     measured_with,
@@ -69,6 +70,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
     name = run.name if run is not None else ""
     builds: dict[str, tuple[Decision, str | None]] = {}
     measures: dict[str, Decision] = {}
+    code = code_changes_by_run(recipe)
     rows = []
     for job in plan.jobs:
         record = records.get(job.id)
@@ -83,7 +85,7 @@ def plan_overview(recipe: Recipe, store: BuildStore, *, rerun_failed: bool = Fal
                 needs_outputs=job.id == f"measure:{plan.reference}@{plan.backends[0]}",
                 current=measured_with(str(job.backend), recipe.latency.threads),
                 reference_again=reference_again(job, plan, measures), rerun_failed=rerun_failed,
-                ran_file=runs_onnx_file(str(job.backend)))
+                ran_file=runs_onnx_file(str(job.backend)), code=code(record))
         after = ", ".join(job.after) if job.after else "—"
         rows.append(PlanRow(job.id, job.needs.describe(), after, decision))
     executor = recipe.executor.kind + (f" ({recipe.executor.address})" if recipe.executor.address else "")

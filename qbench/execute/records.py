@@ -1,6 +1,8 @@
 """What a run folder keeps of its jobs, so an interrupted sweep can be resumed.
 
-    <run>/plan.json                 the plan: its fingerprint, every job, and the run it resumes (`resumes`)
+    <run>/plan.json                 the plan: its fingerprint, every job, the run it resumes (`resumes`) and the
+                                    digest of each module of the user's project its recipe's code imported
+                                    (`project_modules`: the code every job of the run ran)
     <run>/jobs/<job>.json           one finished job (written atomically by the driver as it finishes; a
                                     measurement in the sweep's process, inside its job: qbench.execute.jobs)
     <run>/jobs/<job>.outputs.npz    FP32's evaluated outputs on the first backend (the reference)
@@ -39,6 +41,7 @@ import json
 import logging
 import re
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,7 @@ JOBS_FOLDER = "jobs"
 RECORD_DIGEST = "digest"  # sha256 of the record's canonical JSON without this field
 STARTED = ".started"
 RESUMES = "resumes"  # plan.json: the name of the run folder this run resumes
+PROJECT_MODULES = "project_modules"  # plan.json: input name -> sha256 of each project module the recipe's code imported
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,9 @@ class JobRecord:
     # a measurement's: the kinds of evidence (qbench.results_evidence) the qbench that recorded it records; () when
     # recorded by one from before records kept them
     evidence: tuple[str, ...] = RECORDED
+    # input name -> sha256 of each module of the user's project the run that recorded it ran (its plan.json's
+    # `project_modules`); None: that run recorded none (an older qbench)
+    project_modules: dict[str, str] | None = None
 
 
 def _file_name(job_id: str) -> str:
@@ -92,15 +99,17 @@ def _write_json(path: Path, content: dict[str, Any]) -> None:
     write_atomically(path, json.dumps(content, indent=2, allow_nan=False), what="the job record")
 
 
-def write_plan(run_dir: Path, plan: SweepPlan, resumes: Path | None = None) -> None:
+def write_plan(run_dir: Path, plan: SweepPlan, resumes: Path | None = None,
+               project_modules: Mapping[str, str] | None = None) -> None:  # fmt: skip
     """`resumes`: the run folder (beside `run_dir`) this run takes up, whose records stand for the jobs it has not
-    recorded yet."""
+    recorded yet; `project_modules`: input name -> sha256 of each module of the user's project the recipe's code
+    imported (qbench.provenance.project_module_digests), the code this run's jobs run, which a resume compares."""
     jobs = [{"id": j.id, "kind": j.kind, "variant": j.variant, "backend": j.backend, "needs": j.needs.describe(),
              "after": list(j.after), "build_key": j.build_key} for j in plan.jobs]  # fmt: skip
     _write_json(
         run_dir / PLAN_FILE,
         {"fingerprint": plan.fingerprint, "reference": plan.reference, "jobs": jobs,
-         RESUMES: resumes.name if resumes is not None else None},
+         RESUMES: resumes.name if resumes is not None else None, PROJECT_MODULES: dict(project_modules or {})},
     )
 
 
@@ -205,11 +214,22 @@ def _plan(run_dir: Path) -> dict[str, Any] | None:
     return plan if isinstance(plan, dict) else None
 
 
+def _project_modules(run_dir: Path) -> dict[str, str] | None:
+    """The project modules' digests `run_dir`'s plan records (`write_plan`); None when it records none."""
+    plan = _plan(run_dir)
+    modules = plan.get(PROJECT_MODULES) if plan is not None else None
+    if not isinstance(modules, dict):
+        return None
+    return {str(name): str(sha) for name, sha in modules.items()}
+
+
 def _own_records(run_dir: Path) -> dict[str, JobRecord]:
     records: dict[str, JobRecord] = {}
+    modules = _project_modules(run_dir)
     for path in _record_files(run_dir):
         try:
-            record = replace(_record(json.loads(path.read_text()), path.parent), run=run_dir.name)
+            record = replace(_record(json.loads(path.read_text()), path.parent), run=run_dir.name,
+                             project_modules=modules)  # fmt: skip
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
             logger.warning("job record %s cannot be read back (%s: %s): its job runs again", path,
                            type(exc).__name__, exc)  # fmt: skip
@@ -225,7 +245,7 @@ def _own_records(run_dir: Path) -> dict[str, JobRecord]:
                            run_dir)  # fmt: skip
             continue
         records[job] = JobRecord(job, attempts, died=f"the sweep's process died while running it: {death}",
-                                 run=run_dir.name)  # fmt: skip
+                                 run=run_dir.name, project_modules=modules)  # fmt: skip
     return records
 
 

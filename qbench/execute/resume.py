@@ -9,7 +9,8 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
              full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again; a measurement
              made with another runtime or on another kind of machine than this resume's (`measured_with`), or
              relative to an FP32 reference measurement that runs again (`reference_again`), or recorded by a qbench
-             that did not record every kind of evidence this one's results claim (qbench.results_evidence)
+             that did not record every kind of evidence this one's results claim (qbench.results_evidence), or by
+             a run whose recipe's code imported a module of the user's project that has changed since (`code_changes`)
     new      a job the run taken up did not record
 
 A job the sweep's process died running (a native crash, the out-of-memory killer: qbench.execute.records) is failed,
@@ -23,15 +24,20 @@ measurements of a build that runs again run with it; every other job is reused a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qbench.digests import file_sha256
 from qbench.errors import QbenchError, one_line
 from qbench.execute.plan import Job, SweepPlan, measure_id
 from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
+from qbench.provenance import PROJECT_MODULE_INPUT, recorded_module_files
 from qbench.results_evidence import unrecorded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from qbench.recipe import Recipe
 
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
 
@@ -98,6 +104,7 @@ def measured_with(backend: str, threads: int | None) -> dict[str, str]:
 def decide_measure(
     record: JobRecord | None, run: str, *, build: Decision, built_sha256: str | None, needs_outputs: bool,
     current: Mapping[str, str], reference_again: bool = False, rerun_failed: bool = False, ran_file: bool = True,
+    code: tuple[str, ...] = (),
 ) -> Decision:
     """A measure job: `build` is its variant's build decision, `built_sha256` the model digest of that build when
     it is reused (qbench.provenance.model_sha256), `needs_outputs` whether it gives the reference outputs;
@@ -106,10 +113,13 @@ def decide_measure(
     (qbench.backends.torch_state), which the reused build decides as it decides the file. `current`: what this
     resume measures the job with (`measured_with`): a result made with anything else runs again, so that one table
     never mixes runtimes or machines; `reference_again`: an FP32 measurement its figures are relative to runs again
-    (`reference_again`), so must it."""
+    (`reference_again`), so must it; `code`: the modules of the user's project that changed since the run that
+    recorded it ran them (`code_changes`): its figures (a failure or a crash included) are the old code's."""
     run = _recorded_in(record, run)
     if build.failed:
         return Decision(REUSE, "its build failed: fails with it")
+    if record is not None and code:
+        return Decision(RERUN, f"measured in {run} with code since changed ({'; '.join(code)})", changes=code)
     if record is not None and record.died is not None:  # its failed result names the build: one reused
         return _died(record.died, run, rerun_failed) if build.reused else Decision(RERUN, f"{record.died} in {run}, "
                                                                                   "but its build runs again")  # fmt: skip
@@ -148,6 +158,7 @@ _REFERENCE_AGAIN = "its FP32 reference measured again"
 _FACT_NAMES = {"cpu": "CPU", "cpus": "usable CPUs", "cpu_quota": "CPU quota", "machine": "architecture",
                "threads": "threads", "gpu": "GPU"}  # else packages
 _NOT_RECORDED = "what measured it not recorded (an older qbench)"
+_CODE_NOT_RECORDED = "the project modules its code imported not recorded (an older qbench)"
 
 
 def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> tuple[str, ...]:
@@ -166,6 +177,39 @@ def _unrecorded(evidence: tuple[str, ...]) -> str:
     (and a gate told so would refuse the whole file), so it is measured again. The kinds of a recipe's code are the
     resuming sweep's own record (the project modules it imported), never a job's."""
     return ", ".join(e.name for e in unrecorded(evidence, slo=True, names_code=False))
+
+
+def code_changes(recorded: Mapping[str, str] | None, recipe: Recipe) -> tuple[str, ...]:
+    """'python module <name> changed' (or 'no longer found') for each module of the user's project whose digest a run
+    recorded (`recorded`: its plan's `project_modules`) and whose file, found by its name as an import from the
+    recipe's folder finds it, differs now: the gate's rule (qbench.gate_fresh.stale_inputs), applied before anything
+    is imported, so `--plan` and the resume say the same. A run that recorded none (an older qbench) cannot show the
+    code it ran was this one, for a recipe that names code."""
+    if recorded is None:
+        return (_CODE_NOT_RECORDED,) if recipe.model.torch is not None or recipe.metrics else ()
+    files = recorded_module_files(recorded, recipe)
+    changes = []
+    for name, sha256 in recorded.items():
+        module = f"python module {name.removeprefix(PROJECT_MODULE_INPUT)}"
+        if name not in files:
+            changes.append(f"{module} no longer found")
+        elif file_sha256(files[name]) != sha256:
+            changes.append(f"{module} changed")
+    return tuple(changes)
+
+
+def code_changes_by_run(recipe: Recipe) -> Callable[[JobRecord | None], tuple[str, ...]]:
+    """`code_changes` of the run that recorded a job record (every record of one run shares them: hashed once)."""
+    found: dict[str, tuple[str, ...]] = {}
+
+    def changes(record: JobRecord | None) -> tuple[str, ...]:
+        if record is None:
+            return ()
+        if record.run not in found:
+            found[record.run] = code_changes(record.project_modules, recipe)
+        return found[record.run]
+
+    return changes
 
 
 def reference_again(job: Job, plan: SweepPlan, decisions: Mapping[str, Decision]) -> bool:

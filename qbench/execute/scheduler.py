@@ -42,6 +42,7 @@ from qbench.execute.plan import Job, SweepPlan, build_facts
 from qbench.execute.records import forget_started, read_records, record_build, record_measure, record_started
 from qbench.execute.resume import (
     Decision,
+    code_changes_by_run,
     decide_build,
     decide_measure,
     measured_with,
@@ -392,6 +393,7 @@ class Scheduler:
         name = folder.name if folder is not None else ""
         builds: dict[str, Decision] = {}
         measures: dict[str, Decision] = {}
+        code = code_changes_by_run(self.prepared.recipe)
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
@@ -412,7 +414,8 @@ class Scheduler:
                 record, name, build=builds[job.variant],
                 built_sha256=model_sha256(built.onnx_path) if built is not None else None,
                 needs_outputs=job.id == self.reference_job, current=self._measured_with(job),
-                reference_again=reference_again(job, self.plan, measures), rerun_failed=rerun_failed, ran_file=ran_file)
+                reference_again=reference_again(job, self.plan, measures), rerun_failed=rerun_failed, ran_file=ran_file,
+                code=code(record))
             if decision.reused and record is not None and record.died is not None and not builds[job.variant].failed:
                 died = failed_result(self.state.built[job.variant], get_backend(str(job.backend)), record.died)
                 self.state.attempts[job.id] = record.attempts
