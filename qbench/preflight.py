@@ -401,11 +401,12 @@ def _label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError
     return RecipeError(recipe.source, "data.label", f"{named}: {exc}{hint}")
 
 
-def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:
+def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
     """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
     symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
     same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
-    the task's check of the labels against the values FP32 gave (Task.check_labels_against_reference)."""
+    the task's check of the labels against the values FP32 gave on the rows it ran, whose labels are `labels`
+    (Task.check_labels_against_reference)."""
     if prepared.labels is None:
         return
     task = get_task(prepared.recipe.task)
@@ -419,7 +420,7 @@ def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarra
                 shown = replace(meta, shape=tuple(np.shape(values)))
                 check_output_labels(prepared.recipe, task, prepared.labels, shown, prepared.evaluation_rows,
                                      len(prepared.outputs))  # fmt: skip
-            task.check_labels_against_reference(prepared.labels, meta, values)
+            task.check_labels_against_reference(prepared.labels, meta, values, labels)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None
 
