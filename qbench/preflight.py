@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,7 @@ from qbench.preflight_checks import (
     check_quantizer_options,
     example_inputs_mismatch,
     fixed_batch,
-    ignored_inputs,
+    unread_inputs,
     warn_unread_inputs,
     with_fixed_batch,
 )
@@ -183,7 +183,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
-    unread = ignored_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
+    unread = unread_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
                                  unread=unread)  # fmt: skip
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
@@ -461,7 +461,7 @@ def _training(
     data: DataSpec,
     calibration: tuple[np.ndarray, NonfiniteMasks],
     lookups: Mapping[str, Lookup],
-    unread: Collection[str] = (),
+    unread: Mapping[str, bool] | None = None,
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
     variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
