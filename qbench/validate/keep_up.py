@@ -17,7 +17,9 @@ sqrt(sum((b_k - r w_k)^2) / (m (m - 1))) / mean w) above λ: the server keeps up
 
 Above capacity: the full batches taken without the model idling first (a backlogged server takes nothing else) give
 μ itself; the ratio's upper bound below λ, every request not served, or completions spread over more than 1 / KEEP_UP
-of the arrivals' span: the server falls behind.
+of the arrivals' span where the batches bound no capacity (neither bound above λ): the server falls behind. Where one
+does, that spread is a slow batch near the run's end (a server with 5 % of its batches twenty times slower: a
+2,500-request run with 30 % headroom spread that far on 16 of 40 simulated seeds, 200,000 kept up): it cannot tell.
 
 Neither shown: the run cannot tell (fewer than MIN_BATCHES batches to bound μ with, or λ within the bounds), nor
 when its batches contradict the premise above (the line fitted to their work against their size meets size 0 below
@@ -72,12 +74,14 @@ def keep_up(
     figures = f"capacity {_rps(low_rps)} to {_rps(high_rps)} at {confidence:.0%}"
     if completed < done_ms.size:
         return KeepUp(Verdict.FAIL, rate_rps, low_rps, high_rps, f"{done_ms.size - completed:,} requests not served")
-    offered, served = arrivals_ms[-1] - arrivals_ms[0], done_ms.max() - done_ms.min()
-    if offered > 0 and served > offered / KEEP_UP:
-        return KeepUp(Verdict.FAIL, rate_rps, low_rps, high_rps,
-                      f"completions took {served / offered:.3g}x the arrivals' span")  # fmt: skip
     if high_rps < rate_rps:
         return KeepUp(Verdict.FAIL, rate_rps, low_rps, high_rps, f"{figures}, below the rate")
+    offered, served = arrivals_ms[-1] - arrivals_ms[0], done_ms.max() - done_ms.min()
+    if offered > 0 and served > offered / KEEP_UP:
+        spread = f"completions took {served / offered:.3g}x the arrivals' span"
+        if math.isfinite(high_rps) or low_rps > rate_rps:  # its batches bound no shortfall: slow ones near the end
+            return KeepUp(Verdict.UNDECIDED, rate_rps, low_rps, high_rps, f"{spread}, yet {figures}")
+        return KeepUp(Verdict.FAIL, rate_rps, low_rps, high_rps, spread)
     if not low_rps > rate_rps:
         count = int(np.count_nonzero(largest))
         short = f"{count} batches, expected at least {MIN_BATCHES} to bound its capacity" if count < MIN_BATCHES else ""

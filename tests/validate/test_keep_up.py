@@ -118,6 +118,25 @@ def test_batch_work_fitted_by_hand_says_whether_throughput_falls(per_batch_ms, v
     assert judged.verdict is verdict and judged.capacity_low_rps > 100.0
 
 
+def test_a_slow_batch_at_the_end_of_a_run_its_batches_bound_above_the_rate_is_no_falling_behind():
+    """100 batches of 4 requests arriving 1 ms apart (1,000 req/s), each served in 1 ms but the last in 30 ms (a
+    server whose batches are now and then ten times slower): completions span 1.08x the arrivals', which the old rule
+    called falling behind, a breach; the batches' work bounds the capacity above the rate, so the run cannot tell.
+    A server 11 % short whose batches bound nothing (each taken after an idle model, none back to back) still falls
+    behind by its completions' spread."""
+    sizes, idle = np.full(100, 4), np.zeros(100, dtype=bool)
+    works = np.r_[np.ones(99), 30.0]
+    arrivals = np.arange(400) * 1.0
+    done = np.r_[arrivals[:396] + 1.0, np.full(4, arrivals[-1] + 31.0)]
+    judged = keep_up(1_000.0, sizes, works, idle, 4, arrivals, done, 400)
+    assert (done.max() - done.min()) / 399 == pytest.approx(429 / 399)  # 1.075 > 1 / 0.95
+    assert judged.verdict is Verdict.UNDECIDED and judged.capacity_high_rps > 1_000.0
+    assert judged.reason.startswith("completions took 1.08x the arrivals' span, yet capacity")
+    short = np.repeat(4.5 * np.arange(1, 101), 4)  # batch k done at 4.5 (k + 1) ms: 889 req/s
+    behind = keep_up(1_000.0, sizes, np.full(100, 4.5), np.ones(100, dtype=bool), 4, arrivals, short, 400)
+    assert behind.verdict is Verdict.FAIL and behind.reason == "completions took 1.12x the arrivals' span"
+
+
 def test_the_capacity_bounds_by_hand():
     """40 batches: 30 of 4 rows in 2 ms and 10 of 2 rows in 1.5 ms. The largest 30 (4 rows) bound it from below: 120 rows in 60 ms, every residual 4 - 2 x 2 = 0, so exactly 2 rows per ms, 2,000 req/s; the full batches
     (4 rows) taken without idling, the same from above."""
