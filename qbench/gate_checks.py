@@ -425,18 +425,18 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
     from qbench.data import evaluation_rows, load_data_table
     from qbench.modelinfo import read_model_info
-    from qbench.preflight_checks import ignored_inputs
+    from qbench.preflight_checks import unread_inputs
     from qbench.tasks import get_task
 
     # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
-    path, model_inputs, unread = recipe.model_path, None, []
+    path, model_inputs, unread = recipe.model_path, None, {}
     if path is not None and path.is_file():
         try:
             model_inputs = read_model_info(path).inputs
         except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
             logger.info("slices re-derived without the model's input types: %s is not a readable ONNX model", path)
-        unread = ignored_inputs(path)  # the inputs the sweep's digests leave out, as it found them
+        unread = unread_inputs(path)  # the inputs the sweep's digests leave out, as it found them
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,7 +50,7 @@ from qbench.preflight_checks import (
     check_quantizer_options,
     example_inputs_mismatch,
     fixed_batch,
-    ignored_inputs,
+    unread_inputs,
     warn_unread_inputs,
     with_fixed_batch,
 )
@@ -184,7 +184,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
-    unread = ignored_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
+    unread = unread_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
                                  unread=unread)  # fmt: skip
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
@@ -403,11 +403,12 @@ def _label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError
     return RecipeError(recipe.source, "data.label", f"{named}: {exc}{hint}")
 
 
-def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray]) -> None:
+def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
     """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
     symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
     same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
-    the task's check of the labels against the values FP32 gave (Task.check_labels_against_reference)."""
+    the task's check of the labels against the values FP32 gave on the rows it ran, whose labels are `labels`
+    (Task.check_labels_against_reference)."""
     if prepared.labels is None:
         return
     task = get_task(prepared.recipe.task)
@@ -421,7 +422,7 @@ def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarra
                 shown = replace(meta, shape=tuple(np.shape(values)))
                 check_output_labels(prepared.recipe, task, prepared.labels, shown, prepared.evaluation_rows,
                                      len(prepared.outputs))  # fmt: skip
-            task.check_labels_against_reference(prepared.labels, meta, values)
+            task.check_labels_against_reference(prepared.labels, meta, values, labels)
         except LabelError as exc:
             raise _label_error(prepared.recipe, exc) from None
 
@@ -462,7 +463,7 @@ def _training(
     data: DataSpec,
     calibration: tuple[np.ndarray, NonfiniteMasks],
     lookups: Mapping[str, Lookup],
-    unread: Collection[str] = (),
+    unread: Mapping[str, bool] | None = None,
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
     variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the

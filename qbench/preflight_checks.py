@@ -127,12 +127,6 @@ def unread_inputs(path: Path, outputs: Collection[str] | None = None) -> dict[st
             if tensor.name not in constants and tensor.name not in reached}
 
 
-def ignored_inputs(path: Path) -> list[str]:
-    """The model inputs no output of the graph reads, neither values nor shape: rows differing only in the cells
-    feeding them feed every output the same, so they are one input (qbench.data.content.content_table)."""
-    return [name for name, shape_read in unread_inputs(path).items() if not shape_read]
-
-
 def warn_unread_inputs(recipe: Recipe, path: Path, outputs: Collection[str]) -> None:
     """Log each model input whose values no evaluated output is computed from, with the data column feeding it: its
     cells are read and fed, yet change no figure (a slice or id column fed as an input by mistake, a mask the graph

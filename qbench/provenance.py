@@ -9,7 +9,8 @@ recomputes them at gate time.
 
 Code the recipe names (the factory, custom metrics) imports more of the user's project: a model class in
 `mypkg/layers.py` beside a factory in `mypkg/models.py`. Which modules is known only once the code ran, so the sweep
-records them after its preparation imported it (`project_module_digests`), and the gate re-hashes each module the
+records them after its preparation imported it (`project_module_digests`), and again once its jobs ran it (a metric
+importing a helper inside its function, when first called), and the gate re-hashes each module the
 results record (`recorded_module_files`): an edit to the model's class no longer leaves the old figures judged.
 """
 

@@ -17,7 +17,7 @@ calibration file lacks) the choice is made on the evaluation rows and every reco
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +130,8 @@ def calibration_masks(data: DataSpec, table: pd.DataFrame, *, recipe_file: Path)
 def selection_rows(
     data: DataSpec, table: pd.DataFrame, split: CalibrationSplit, nonfinite: NonfiniteMasks, *,
     judged: Collection[str], model_inputs: dict[str, TensorMeta],
-    labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None], recipe_file: Path, unread: Collection[str] = (),
+    labels: Callable[[pd.DataFrame, np.ndarray], np.ndarray | None], recipe_file: Path,
+    unread: Mapping[str, bool] | None = None,
 ) -> SelectionRows | None:  # fmt: skip
     """The selection rows of `split` (positions in `table`; `nonfinite`: the table's NaN/inf masks, scanned once per
     table by the caller) with their feeds, labels and slices; None when there

@@ -186,7 +186,10 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
                    resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)  # fmt: skip
     hand_over_beside_timing()  # the last variant's MLflow logging runs beside the range analysis and the reports
     ranges = _range_analysis(prepared, run.calibrated, run.results, run_dir, clock)
-    results = replace(_assemble(prepared, run.results, clock, progress.inputs), ranges=ranges, search=run.search)
+    # the project's modules the recipe's code imported as it ran (a metric importing its helper when first called)
+    # are inputs as much as those its preparation imported
+    inputs = {**project_module_digests(recipe), **progress.inputs}
+    results = replace(_assemble(prepared, run.results, clock, inputs), ranges=ranges, search=run.search)
     return _publish(recipe, results, progress, started)
 
 

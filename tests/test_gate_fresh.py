@@ -23,6 +23,7 @@ from qbench.results import read_results
 PACKAGE = "fresh_gate_pkg"
 METRICS = "fresh_gate_metrics"
 HELPER = "fresh_gate_metric_helper"
+LAZY = "fresh_gate_lazy_helper"  # imported by the metric when first called: by the dry run, after the preparation
 LAYERS = '''\
 import torch
 
@@ -37,7 +38,9 @@ class Net(torch.nn.Module):
         return self.head(torch.relu(self.hidden(features)))
 '''
 FACTORY = f"from {PACKAGE}.layers import Net\n\n\ndef build():\n    return Net()\n"
-METRIC = f"from {HELPER} import share_decided\n\n\ndef decided(outputs, labels):\n    return share_decided(outputs, labels)\n"
+METRIC = (f"from {HELPER} import share_decided\n\n\ndef decided(outputs, labels):\n    from {LAZY} import scaled\n\n"
+          "    return scaled(share_decided(outputs, labels))\n")  # fmt: skip
+LAZY_SOURCE = "def scaled(share):\n    return share\n"
 HELPER_SOURCE = "def share_decided(outputs, labels):\n    return float((outputs.argmax(axis=1) == labels).mean())\n"
 
 
@@ -52,6 +55,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (root / PACKAGE / "factory.py").write_text(FACTORY)
     (root / f"{METRICS}.py").write_text(METRIC)
     (root / f"{HELPER}.py").write_text(HELPER_SOURCE)
+    (root / f"{LAZY}.py").write_text(LAZY_SOURCE)
     namespace: dict[str, object] = {}
     exec(compile(LAYERS, "layers.py", "exec"), namespace)
     torch.manual_seed(0)
@@ -74,11 +78,15 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "output_dir": "runs",
     }  # fmt: skip
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    sys.path.insert(0, str(root))  # the project importable as it runs (installed, or on PYTHONPATH), as users have it
     try:
-        assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
+        try:
+            assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
+        finally:
+            sys.path.remove(str(root))  # the gates judge checkouts elsewhere
         yield root
     finally:
-        for name in [m for m in sys.modules if m.split(".")[0] in (PACKAGE, METRICS, HELPER)]:
+        for name in [m for m in sys.modules if m.split(".")[0] in (PACKAGE, METRICS, HELPER, LAZY)]:
             del sys.modules[name]
 
 
@@ -93,7 +101,7 @@ def checkout(swept: Path, tmp_path: Path) -> Path:
 def test_the_results_record_every_module_of_the_project_the_recipes_code_imported(swept: Path) -> None:
     results = read_results(next((swept / "runs" / "fresh-gate").glob("*/results.json")))
     modules = {name.removeprefix(PROJECT_MODULE_INPUT) for name in results.inputs if name.startswith(PROJECT_MODULE_INPUT)}
-    assert modules == {PACKAGE, f"{PACKAGE}.layers", HELPER}  # the factory's and the metric's are inputs already
+    assert modules == {PACKAGE, f"{PACKAGE}.layers", HELPER, LAZY}  # the factory's and the metric's are inputs already
 
 
 def test_unchanged_code_of_a_project_checked_out_elsewhere_is_fresh(checkout: Path, capsys) -> None:
@@ -103,8 +111,8 @@ def test_unchanged_code_of_a_project_checked_out_elsewhere_is_fresh(checkout: Pa
 
 @pytest.mark.parametrize(
     ("edited", "module"),
-    [(f"{PACKAGE}/layers.py", f"{PACKAGE}.layers"), (f"{HELPER}.py", HELPER)],
-    ids=["the model's class", "a custom metric's helper"],
+    [(f"{PACKAGE}/layers.py", f"{PACKAGE}.layers"), (f"{HELPER}.py", HELPER), (f"{LAZY}.py", LAZY)],
+    ids=["the model's class", "a custom metric's helper", "a helper the metric imports as it runs"],
 )
 def test_an_edit_to_a_module_the_recipes_code_imports_makes_the_results_stale(
     checkout: Path, capsys, edited: str, module: str

@@ -18,7 +18,7 @@ from qbench.preflight_checks import (
     check_node_names,
     check_plan,
     fixed_batch,
-    ignored_inputs,
+    unread_inputs,
     warn_unread_inputs,
     with_fixed_batch,
 )
@@ -312,7 +312,7 @@ def test_an_input_no_evaluated_output_reads_is_warned_about_with_its_column(
     with caplog.at_level("WARNING", logger="qbench"):
         warn_unread_inputs(recipe, recipe.model_path, ["y", "aux"])
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["model input 'gid'"]
-    assert ignored_inputs(recipe.model_path) == ["gid"]  # every graph output reads the others
+    assert unread_inputs(recipe.model_path) == {"gid": False}  # every graph output reads the others
 
 
 
@@ -343,7 +343,37 @@ def test_an_input_whose_shape_alone_the_outputs_read_is_warned_about(tmp_path: P
     assert [r.getMessage().split(";")[0] for r in caplog.records] == [
         "model input 'mask' (fed from data column 'attention_mask'): the evaluated output(s) 'y' are computed from its "
         "shape alone (Shape/Size), never its values"]
-    assert ignored_inputs(recipe.model_path) == []  # its shape tells rows of other lengths apart
+    assert unread_inputs(recipe.model_path) == {"mask": True}  # its shape tells rows of other lengths apart
+
+
+def test_an_id_whose_shape_alone_the_outputs_read_tells_no_inputs_apart(tmp_path: Path) -> None:
+    """600 rows of 100 feature rows, each with its own id fed to an input the graph reads only the batch size of
+    (Shape -> Reshape of x): the ids were digested as they are, 600 inputs, and the gate judged agreement on evidence
+    six times what it held. A shape read tells a cell only by its shape: 100 inputs; cells of other lengths stay apart."""
+    import pandas as pd
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    from qbench.data.content import content_table
+    from qbench.gate_checks import evaluation_from_data
+
+    nodes = [helper.make_node("Shape", ["row_id"], ["rows"]),
+             helper.make_node("Concat", ["rows", "minus_one"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2]),
+         helper.make_tensor_value_info("row_id", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2])],
+        [numpy_helper.from_array(np.array([-1], dtype=np.int64), "minus_one")])  # fmt: skip
+    recipe = _recipe(tmp_path, data={"path": "rows.parquet", "inputs": {"x": "x", "id": "row_id"}, "label": "y"})
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(recipe.model_path))
+    features = np.tile(np.arange(200, dtype=np.float32).reshape(100, 2), (6, 1))
+    pd.DataFrame({"x": list(features), "id": np.arange(600), "y": np.arange(600) % 2}).to_parquet(recipe.data_path)
+    assert evaluation_from_data(recipe).distinct_inputs == {"overall": 100}  # as the gate re-derives them
+    lengths = pd.DataFrame({"x": [[1.0], [1.0], [1.0]], "id": [[1, 2], [3, 4], [5, 6, 7]], "y": [0, 0, 0]})
+    shown = content_table(lengths, recipe.data, recipe_file=recipe.source, unread=unread_inputs(recipe.model_path))
+    assert shown["id"].tolist() == ["(2,)", "(2,)", "(3,)"]
+
 
 def _gnn(path: Path) -> None:
     """A PyG-style graph classifier for one graph a call: node features x ['num_nodes', 3], edge_index

@@ -11,7 +11,7 @@ let the two disagree on valid results.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,8 +131,9 @@ def read_columns(data: DataSpec) -> tuple[str, ...]:
 
 
 def evaluation_rows(
-    table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool, unread: Collection[str] = ()
-) -> EvaluationRows:
+    table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool,
+    unread: Mapping[str, bool] | None = None,
+) -> EvaluationRows:  # fmt: skip
     """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
     filters, slices or inputs do not fit the table). `calibrated`: a variant is fitted on the calibration rows
     (Recipe.fits_on_calibration_rows); then, drawn from this table, they are held out of the evaluation unless

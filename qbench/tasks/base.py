@@ -162,9 +162,12 @@ class Task(ABC):
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
         """Labels against what the chosen output can express (class count, label width); LabelError if not."""
 
-    def check_labels_against_reference(self, labels: np.ndarray, output: TensorMeta, values: np.ndarray) -> None:
-        """Labels against the values FP32's `output` gave on the evaluation rows, for what the graph alone cannot
-        tell (a label coding the output never uses); LabelError if they cannot be judged against each other."""
+    def check_labels_against_reference(
+        self, labels: np.ndarray, output: TensorMeta, values: np.ndarray, ran_labels: np.ndarray
+    ) -> None:
+        """Every evaluation label (`labels`) against the values FP32's `output` gave on the rows it ran, whose labels
+        are `ran_labels` (row for row), for what the graph alone cannot tell (a label coding the output never uses);
+        LabelError if they cannot be judged against each other."""
 
     def labels_needed(self, output: TensorMeta) -> str | None:
         """Why `output` cannot be judged without labels (a recipe without data.label is then refused), or None."""

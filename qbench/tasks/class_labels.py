@@ -6,11 +6,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from qbench.tasks.base import LabelError, example_rows
+from qbench.validate.metrics import top1
+
+AGREEMENT_Z = NormalDist().inv_cdf(0.999)  # one-sided: a reading unrelated to the labels passes 1 run in 1,000
+MIN_AGREEMENT_ROWS = 30  # fewer distinct rows test no agreement (the binomial's normal approximation fails)
 
 
 def integral(value: Any) -> bool:
@@ -107,14 +112,19 @@ def _number_key(value: object) -> str:
     return class_key(as_number(value))
 
 
-def decisions_beyond_labels(predicted: np.ndarray, labels: np.ndarray, classes: int, output: str) -> str | None:
-    """Why the `classes` columns of a score output (`output`: its name and shape, for the message) are not the labels'
-    classes, judged by FP32's `predicted` column of each row (INVALID_CLASS, -1, where it gives NaN/inf) against row
-    `labels` (class ids), else None: the labels reach at most half of the columns and FP32's top column lies beyond
-    every label on most rows. A row decided there is wrong whatever the labels, so such an FP32 accuracy measures the
-    reading, not the model: a per-position output (token scores of an input of a fixed length, [rows, 128] beside
-    input ids [rows, 128]) read as one class per position, or labels of another task's classes (10 against a
-    1000-class head). A classifier evaluated on rows of a few of its classes decides those classes on most of them."""
+def decisions_beyond_labels(scores: np.ndarray, labels: np.ndarray, output: str) -> str | None:
+    """Why the columns of a score output (`output`: its name and shape, for the message) are not the labels' classes,
+    judged by FP32's `scores` (rows, columns) against row `labels` (class ids), else None: the labels reach at most
+    half of the columns and FP32's top column lies beyond every label on most rows. A row decided there is wrong
+    whatever the labels, so such an FP32 accuracy measures the reading, not the model: a per-position output (token
+    scores of an input of a fixed length, [rows, 128] beside input ids [rows, 128]) read as one class per position, or
+    labels of another task's classes (10 against a 1000-class head). A classifier evaluated on rows of a few of its
+    classes decides those classes on most of them, and one weak on those rows (a hard or shifted set: most rows decided
+    as other classes) still agrees with the labels beyond chance, which a reading of positions or of other classes
+    does not (_agreement, over the distinct rows: the dry run repeats a few to fill a batch). Fewer than
+    MIN_AGREEMENT_ROWS distinct rows (the dry run's 8) cannot tell the two apart: None, and FP32's run on the
+    evaluation rows decides."""
+    predicted, classes = top1(scores), np.shape(scores)[1]
     decided = predicted >= 0
     if labels.ndim != 1 or not labels.size or labels.min() < 0 or not decided.any():
         return None
@@ -124,8 +134,27 @@ def decisions_beyond_labels(predicted: np.ndarray, labels: np.ndarray, classes: 
     beyond = int(np.count_nonzero(predicted > highest))
     if 2 * beyond <= int(np.count_nonzero(decided)):
         return None
+    _, first = np.unique(np.column_stack([scores, labels]), axis=0, return_index=True)
+    distinct = np.isin(np.arange(len(labels)), first) & decided
+    if np.count_nonzero(distinct) < MIN_AGREEMENT_ROWS:
+        return None
+    accuracy, least = _agreement(predicted[distinct], labels[distinct])
+    if accuracy > least:
+        return None
     return (f"FP32's highest of its {classes} score columns is beyond every label (labels 0..{highest}) on {beyond} "
-            f"of {len(predicted)} rows: the columns of {output} are not the labels' classes (classification reads "
-            "one class per column): a per-position output (token scores of a fixed-length input) or labels of other "
-            "classes; expected model.output naming class scores, task span or structured for per-position scores, or "
-            "labels in the output's classes")
+            f"of {len(predicted)} rows, and its distinct rows' accuracy {accuracy:.1%} is no more than columns "
+            f"unrelated to the labels give (agreement needs above {least:.1%}): the columns of {output} are not the "
+            "labels' classes (classification reads one class per column): a per-position output (token scores of a "
+            "fixed-length input) or labels of other classes; expected model.output naming class scores, task span or "
+            "structured for per-position scores, or labels in the output's classes")
+
+
+def _agreement(predicted: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
+    """The share of rows whose `predicted` column is their label, and the least share showing that the two agree more
+    than independent draws would: their agreement as such (sum over classes of the share of rows decided as it times
+    the share labelled it) plus AGREEMENT_Z binomial standard errors."""
+    columns, decided_as = np.unique(predicted, return_counts=True)
+    labelled_as = np.array([np.count_nonzero(labels == column) for column in columns])
+    chance = float(np.sum(decided_as * labelled_as)) / predicted.size**2
+    least = chance + AGREEMENT_Z * math.sqrt(chance * (1.0 - chance) / predicted.size)
+    return float(np.mean(predicted == labels)), least

@@ -325,14 +325,15 @@ class Classification(Task):
                     f"(output {output.name!r} has {classes} classes)"
                 )
 
-    def check_labels_against_reference(self, labels: np.ndarray, output: TensorMeta, values: np.ndarray) -> None:
+    def check_labels_against_reference(self, labels: np.ndarray, output: TensorMeta, values: np.ndarray,
+                                       ran_labels: np.ndarray) -> None:
         """An integer output the graph states no class table for gives class ids or class values of its own; labels
         sharing none of the values FP32 gives are in another coding (class values against ids, ids of a symbolic
         class dimension beyond the scores): every row would be wrong for every variant, and a gate would pass drops
         of 0 from an FP32 accuracy of 0. A score tensor whose top column FP32 puts beyond every label on most rows
         is no set of the labels' classes either (class_labels.decisions_beyond_labels)."""
         shown = f"output {output.name!r} of shape {output.shape_text()}"
-        if _positional_scores(output, values) and (why := decisions_beyond_labels(metrics.top1(values), labels, np.shape(values)[1], shown)):
+        if _positional_scores(output, values) and (why := decisions_beyond_labels(values, ran_labels, shown)):
             raise LabelError(why)
         if not is_integer(output) or named_labels(output) or not labels.size:
             return

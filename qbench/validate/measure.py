@@ -344,7 +344,7 @@ def _check_reference_outputs(
     variant can be scored against them. A graph whose word on the scores' scale FP32's values contradict is
     warned about (unless `quiet`: a screen on a few rows)."""
     if rows.labels is not None:
-        check_labels_fit_outputs(prepared, outputs)
+        check_labels_fit_outputs(prepared, outputs, rows.labels)
     if prepared.recipe.data.nonfinite_inputs == "keep":
         _check_reads_missing(prepared, outputs, rows)
     if not quiet:

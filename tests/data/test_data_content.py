@@ -73,5 +73,5 @@ def test_a_column_feeding_an_input_no_output_reads_tells_no_inputs_apart() -> No
     data = DataSpec(path=Path("d.parquet"), inputs={"text": {"tokenizer": {"path": f"package:{MINILM}"}},
                                                     "id": "row_id"}, label="y")  # fmt: skip
     assert evaluation_rows(table, data, recipe_file=RECIPE, calibrated=False).distinct_inputs == {}
-    read_alike = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=False, unread=["row_id"])
+    read_alike = evaluation_rows(table, data, recipe_file=RECIPE, calibrated=False, unread={"row_id": False})
     assert read_alike.distinct_inputs == {"overall": 2}

@@ -262,8 +262,9 @@ def test_an_integer_output_whose_values_no_label_takes_is_refused() -> None:
     ids = TensorMeta("label", np.dtype("int64"), (None,))
     refused = r"no label is a value FP32's output 'label' gives \(labels: 3, 7; output: 0, 1\)"
     with pytest.raises(LabelError, match=refused):
-        TASK.check_labels_against_reference(np.array([3, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))
-    TASK.check_labels_against_reference(np.array([1, 7, 7, 3]), ids, np.array([0, 1, 1, 0]))  # one shared value: judged
+        TASK.check_labels_against_reference(np.array([3, 7, 7, 3]), ids, np.array([0, 1, 1, 0]), np.array([3, 7, 7, 3]))
+    TASK.check_labels_against_reference(np.array([1, 7, 7, 3]), ids, np.array([0, 1, 1, 0]),
+                                        np.array([1, 7, 7, 3]))  # one shared value: judged
 
 
 def test_labels_as_a_csv_holds_them_text_of_numbers_or_names() -> None:

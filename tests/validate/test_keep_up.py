@@ -16,10 +16,11 @@ SEEDS = range(18)
 
 
 def simulated_run(rate_rps: float, capacity_share: float, seed: int, *, max_batch: int = 32, delay_ms: float = 1.0,
-                  requests: int = 20_000, cv: float = 0.05):  # fmt: skip
+                  requests: int = 20_000, cv: float = 0.05, power: float | None = None):  # fmt: skip
     """A dynamic batcher (up to `max_batch` requests, waiting at most `delay_ms` for the oldest) in front of a model
     whose full batch's mean work serves `capacity_share` x `rate_rps` (a batch of b rows: 0.4 + 0.6 b / max_batch of
-    a full batch's, times lognormal noise of coefficient of variation `cv`), fed Poisson arrivals at `rate_rps`.
+    a full batch's, or (b / max_batch) ** `power` where given, times lognormal noise of coefficient of variation
+    `cv`), fed Poisson arrivals at `rate_rps`.
     What `keep_up` takes: per batch its size, work and whether the model idled before it; per request its arrival and
     completion (ms)."""
     rng = np.random.default_rng(seed)
@@ -35,7 +36,8 @@ def simulated_run(rate_rps: float, capacity_share: float, seed: int, *, max_batc
         last = i + max_batch - 1
         start = max(arrivals[last], earliest) if last < requests and arrivals[last] <= deadline else deadline
         size = min(max(int(np.searchsorted(arrivals, start, side="right")) - i, 1), max_batch)
-        work = full_ms * (0.4 + 0.6 * size / max_batch) * rng.lognormal(-(sigma**2) / 2, sigma)
+        share = (0.4 + 0.6 * size / max_batch) if power is None else (size / max_batch) ** power
+        work = full_ms * share * rng.lognormal(-(sigma**2) / 2, sigma)
         idle.append(start > free)
         free = start + work
         done[i : i + size] = free
@@ -91,6 +93,48 @@ def test_a_server_far_below_capacity_forming_small_batches_is_shown_keeping_up_b
     assert np.count_nonzero(sizes == max_batch) < MIN_BATCHES
     judged = keep_up(5_000.0, sizes, works, idle, max_batch, arrivals, done, done.size)
     assert judged.verdict is Verdict.PASS and math.isinf(judged.capacity_high_rps)
+
+
+def test_a_server_whose_throughput_falls_with_batch_size_is_not_shown_keeping_up_by_its_small_batches():
+    """Work (b / 32)^1.5 of a full batch that serves half the rate, no batching delay: at 5,000 req/s its batches of
+    1-4 serve requests about three times as fast as the rate, and 1,250 requests kept up by that bound on all 18
+    seeds, yet 40,000 fill its batches and it falls behind. Its small batches bound no capacity: not a pass."""
+    for seed in SEEDS:
+        judged = verdict_of(5_000.0, 0.5, seed, requests=1_250, delay_ms=0.0, power=1.5)
+        assert judged.capacity_low_rps > 5_000.0, (seed, judged)  # what the old rule passed on
+        assert judged.verdict is Verdict.UNDECIDED and "fewer requests a ms" in judged.reason, (seed, judged)
+    assert verdict_of(5_000.0, 0.5, 0, requests=40_000, delay_ms=0.0, power=1.5).verdict is Verdict.FAIL
+
+
+@pytest.mark.parametrize(("per_batch_ms", "verdict"), [(0.2, Verdict.PASS), (-0.2, Verdict.UNDECIDED)])
+def test_batch_work_fitted_by_hand_says_whether_throughput_falls(per_batch_ms, verdict):
+    """40 batches of 1-4 rows whose work is 0.5 ms a row plus `per_batch_ms`, exactly: the line fitted to it meets
+    size 0 at `per_batch_ms` with no residual. 0.2 ms: 1.43, 1.67, 1.76, 1.82 rows a ms for batches of 1-4 (b / (0.2
+    + 0.5 b)), rising; -0.2 ms: 3.33, 2.5, 2.31, 2.22, falling."""
+    sizes = np.tile(np.arange(1, 5), 10)
+    arrivals = np.arange(100) * 10.0
+    judged = keep_up(100.0, sizes, 0.5 * sizes + per_batch_ms, np.ones(40, dtype=bool), 4, arrivals, arrivals + 1.0,
+                     100)  # fmt: skip
+    assert judged.verdict is verdict and judged.capacity_low_rps > 100.0
+
+
+def test_a_slow_batch_at_the_end_of_a_run_its_batches_bound_above_the_rate_is_no_falling_behind():
+    """100 batches of 4 requests arriving 1 ms apart (1,000 req/s), each served in 1 ms but the last in 30 ms (a
+    server whose batches are now and then ten times slower): completions span 1.08x the arrivals', which the old rule
+    called falling behind, a breach; the batches' work bounds the capacity above the rate, so the run cannot tell.
+    A server 11 % short whose batches bound nothing (each taken after an idle model, none back to back) still falls
+    behind by its completions' spread."""
+    sizes, idle = np.full(100, 4), np.zeros(100, dtype=bool)
+    works = np.r_[np.ones(99), 30.0]
+    arrivals = np.arange(400) * 1.0
+    done = np.r_[arrivals[:396] + 1.0, np.full(4, arrivals[-1] + 31.0)]
+    judged = keep_up(1_000.0, sizes, works, idle, 4, arrivals, done, 400)
+    assert (done.max() - done.min()) / 399 == pytest.approx(429 / 399)  # 1.075 > 1 / 0.95
+    assert judged.verdict is Verdict.UNDECIDED and judged.capacity_high_rps > 1_000.0
+    assert judged.reason.startswith("completions took 1.08x the arrivals' span, yet capacity")
+    short = np.repeat(4.5 * np.arange(1, 101), 4)  # batch k done at 4.5 (k + 1) ms: 889 req/s
+    behind = keep_up(1_000.0, sizes, np.full(100, 4.5), np.ones(100, dtype=bool), 4, arrivals, short, 400)
+    assert behind.verdict is Verdict.FAIL and behind.reason == "completions took 1.12x the arrivals' span"
 
 
 def test_the_capacity_bounds_by_hand():
