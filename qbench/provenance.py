@@ -105,6 +105,11 @@ def input_files(recipe: Recipe) -> dict[str, Path]:
     return files
 
 
+def code_modules(recipe: Recipe) -> list[str]:
+    """The modules the recipe names as code (model.torch's factory, each metric's function), in recipe order."""
+    return [spec.partition(":")[0] for spec in (recipe.model.torch, *(m.function for m in recipe.metrics)) if spec]
+
+
 def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
     """Each module of the user's project this process has imported, by input name, where the recipe names code
     (qbench.user_code.project_sources_sha256 under the recipe's folder and that of each module it names), those
@@ -112,7 +117,7 @@ def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
     names no code."""
     from qbench.user_code import EditedAfterImport, project_sources_sha256
 
-    named = [spec.partition(":")[0] for spec in (recipe.model.torch, *(m.function for m in recipe.metrics)) if spec]
+    named = code_modules(recipe)
     if not named:
         return {}
     roots = [recipe.base_dir, *(source.parent for name in named if (source := module_source(name, recipe.base_dir)))]

@@ -29,11 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qbench.digests import file_sha256
 from qbench.errors import QbenchError, one_line
 from qbench.execute.plan import Job, SweepPlan, measure_id
 from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
-from qbench.provenance import PROJECT_MODULE_INPUT, recorded_module_files
+from qbench.provenance import PROJECT_MODULE_INPUT, changed_inputs, code_modules, recorded_module_files
 from qbench.results_evidence import unrecorded
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,16 +185,12 @@ def code_changes(recorded: Mapping[str, str] | None, recipe: Recipe) -> tuple[st
     is imported, so `--plan` and the resume say the same. A run that recorded none (an older qbench) cannot show the
     code it ran was this one, for a recipe that names code."""
     if recorded is None:
-        return (_CODE_NOT_RECORDED,) if recipe.model.torch is not None or recipe.metrics else ()
+        return (_CODE_NOT_RECORDED,) if code_modules(recipe) else ()
     files = recorded_module_files(recorded, recipe)
-    changes = []
-    for name, sha256 in recorded.items():
-        module = f"python module {name.removeprefix(PROJECT_MODULE_INPUT)}"
-        if name not in files:
-            changes.append(f"{module} no longer found")
-        elif file_sha256(files[name]) != sha256:
-            changes.append(f"{module} changed")
-    return tuple(changes)
+    edited = set(changed_inputs({name: {"sha256": recorded[name]} for name in files}, files).changed)
+    return tuple(f"python module {name.removeprefix(PROJECT_MODULE_INPUT)} "
+                 + ("no longer found" if name not in files else "changed")
+                 for name in recorded if name not in files or name in edited)  # fmt: skip
 
 
 def code_changes_by_run(recipe: Recipe) -> Callable[[JobRecord | None], tuple[str, ...]]:
