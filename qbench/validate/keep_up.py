@@ -113,12 +113,27 @@ def _throughput_falls(sizes: np.ndarray, work_ms: np.ndarray, z: float) -> bool:
     1-4, and fell behind in runs of 40,000. A run of one batch size cannot show it."""
     if sizes.size < MIN_BATCHES or np.ptp(sizes) == 0 or not np.all(np.isfinite(work_ms)):
         return False
-    dx = sizes - sizes.mean()
-    slope = float(np.sum(dx * (work_ms - work_ms.mean())) / np.sum(dx**2))
-    intercept = float(work_ms.mean() - slope * sizes.mean())
-    residual = float(np.sum((work_ms - intercept - slope * sizes) ** 2)) / (sizes.size - 2)
-    error = math.sqrt(residual * (1.0 / sizes.size + sizes.mean() ** 2 / float(np.sum(dx**2))))
-    return intercept + z * error < 0
+    line = _fit_line(sizes, work_ms)
+    return line.intercept + z * line.intercept_error < 0
+
+
+@dataclass(frozen=True)
+class _Line:
+    """A least-squares line y = intercept + slope x and the standard errors of both."""
+
+    slope: float
+    intercept: float
+    slope_error: float
+    intercept_error: float
+
+
+def _fit_line(x: np.ndarray, y: np.ndarray) -> _Line:
+    dx = x - x.mean()
+    sxx = float(np.sum(dx**2))
+    slope = float(np.sum(dx * (y - y.mean())) / sxx)
+    intercept = float(y.mean() - slope * x.mean())
+    residual = float(np.sum((y - y.mean() - slope * dx) ** 2)) / (x.size - 2)
+    return _Line(slope, intercept, math.sqrt(residual / sxx), math.sqrt(residual * (1.0 / x.size + x.mean() ** 2 / sxx)))
 
 
 def _ratio_bound(sizes: np.ndarray, work_ms: np.ndarray, z: float) -> float:
@@ -141,13 +156,8 @@ def _latency_grows(arrivals_ms: np.ndarray, latencies_ms: np.ndarray) -> bool:
     if latencies_ms.size < 10 * TREND_BLOCKS:
         return False
     blocks = np.array_split(np.arange(latencies_ms.size // 10, latencies_ms.size), TREND_BLOCKS)
-    x = np.array([arrivals_ms[b].mean() for b in blocks])
-    y = np.array([latencies_ms[b].mean() for b in blocks])
-    dx = x - x.mean()
-    slope = float(np.sum(dx * (y - y.mean())) / np.sum(dx**2))
-    residuals = y - y.mean() - slope * dx
-    error = math.sqrt(float(np.sum(residuals**2)) / (TREND_BLOCKS - 2) / float(np.sum(dx**2)))
-    return slope > T_TREND * error
+    line = _fit_line(np.array([arrivals_ms[b].mean() for b in blocks]), np.array([latencies_ms[b].mean() for b in blocks]))
+    return line.slope > T_TREND * line.slope_error
 
 
 def _rps(value: float) -> str:
