@@ -219,9 +219,10 @@ def _check_mapping(
                 raise RecipeError(recipe_file, field, message)
             fed_by[input_name] = column
     for name, meta in model_inputs.items():
-        if meta.kind == "tensor" and meta.scalar:
+        why = _per_call_input(meta, model_inputs)
+        if why:
             field = f"{INPUTS_FIELD}.{fed_by[name]}" if name in fed_by else INPUTS_FIELD
-            raise RecipeError(recipe_file, field, _scalar_input(name))
+            raise RecipeError(recipe_file, field, why)
     unfed = [name for name in model_inputs if name not in fed_by]
     if unfed:
         message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
@@ -229,12 +230,29 @@ def _check_mapping(
     return fed
 
 
-def _scalar_input(name: str) -> str:
-    """Why a rank-0 model input (a temperature, a threshold) cannot be fed from a column, and how to feed it."""
-    return (f"model input {name!r} is a scalar (shape []): one value per call, where qbench feeds a column one value "
-            "per row along axis 0; expected an input with a row axis, or give "
-            f"{name!r} a default in the graph (an initializer named {name!r} at the value to judge: qbench then feeds "
-            "it never and holds it constant in every variant; README: Graphs as tools write them)")
+def _per_call_input(meta: TensorMeta, model_inputs: dict[str, TensorMeta]) -> str | None:
+    """Why a model input that has no row axis cannot be fed from a column, and how to feed it; None for one that has.
+
+    A rank-0 input (a temperature, a threshold) is one value per call. So is a rank-1 input of a fixed length beside
+    an input whose axis 0 is dynamic (a class-weight vector `scale [4]` beside `x ['batch', 'seq', 8]`): that axis
+    cannot be the rows, or every input would fix it, and a column of one value per row fits it at that one batch
+    size alone (`ModelInfo.batch_dims` leaves rank-1 inputs out, as they may be a batch of scalars)."""
+    if meta.kind != "tensor":
+        return None
+    if meta.scalar:
+        what = "is a scalar (shape []): one value per call"
+    else:
+        batched = [other for other in model_inputs.values()
+                   if other.kind == "tensor" and other.shape and other.shape[0] is None]  # fmt: skip
+        if len(meta.shape) != 1 or meta.shape[0] is None or not batched:
+            return None
+        what = (f"{meta.shape_text()} has no row axis: its one axis is fixed at {meta.shape[0]} where "
+                f"{batched[0].name} {batched[0].shape_text()} leaves axis 0 dynamic for the rows, so it is one vector "
+                "per call, shared by the batch")
+    return (f"model input {meta.name!r} {what}, where qbench feeds a column one value per row along axis 0; expected "
+            f"an input with a row axis, or give {meta.name!r} a default in the graph (an initializer named "
+            f"{meta.name!r} at the value to judge: qbench then feeds it never and holds it constant in every variant; "
+            "README: Graphs as tools write them)")
 
 
 def text_feed_notes(
