@@ -51,24 +51,45 @@ def _cast_problem(values: np.ndarray, target: np.dtype, rows: pd.Index | None = 
         return _non_integers(values, rows)
     limits = np.iinfo(target)
     if values.min() < limits.min or values.max() > limits.max:
-        return f"values outside the range of {target}"
+        return _out_of_range(values, limits, rows)
     return None
+
+
+def _per_row(values: np.ndarray) -> np.ndarray:
+    """`values` as one line per row along axis 0 (a lone value as one row)."""
+    return values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
+
+
+def _rows_with(bad: np.ndarray, rows: pd.Index | None) -> tuple[int, int, object]:
+    """How many rows `bad` (one flag a row) flags, the first one's position, and that row as the table numbers it."""
+    first = int(np.flatnonzero(bad)[0])
+    return int(bad.sum()), first, rows[first] if rows is not None and len(rows) == len(bad) else first
 
 
 def _non_integers(values: np.ndarray, rows: pd.Index | None) -> str:
     """Which values an integer input cannot take, by row: missing ones (NaN/inf, as a Parquet or CSV integer column
     with an empty cell reads: `nonfinite_inputs: keep` feeds them to float inputs only) apart from fractions."""
-    per_row = values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
+    per_row = _per_row(values)
     missing = ~np.isfinite(per_row).all(axis=1)
     fraction = ~missing & (per_row != np.round(per_row)).any(axis=1)
     found = []
     for kind, bad in (("NaN/inf (missing values)", missing), ("a fraction", fraction)):
-        count = int(bad.sum())
-        if count:
-            first = int(np.flatnonzero(bad)[0])
-            where = rows[first] if rows is not None and len(rows) == len(per_row) else first
+        if bad.any():
+            count, _, where = _rows_with(bad, rows)
             found.append(f"{count} row{'s' if count != 1 else ''} with {kind}, e.g. row {where}")
     return "non-integer values: " + "; ".join(found)
+
+
+def _out_of_range(values: np.ndarray, limits: np.iinfo, rows: pd.Index | None) -> str:
+    """Which rows hold integers the input's type cannot (the cast would wrap them: 40000 into int16 is -25536), with
+    one such value and the range the column spans, which tells a wider encoding (24-bit samples, 16-bit pixels) from
+    a stray value."""
+    per_row = _per_row(values)
+    past = (per_row < limits.min) | (per_row > limits.max)
+    count, first, where = _rows_with(past.any(axis=1), rows)
+    example = per_row[first][past[first]][0]
+    return (f"{count} row{'s' if count != 1 else ''} with values outside {limits.dtype}'s range {limits.min} to "
+            f"{limits.max}, e.g. row {where} holding {example} (values seen from {values.min()} to {values.max()})")
 
 
 def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:

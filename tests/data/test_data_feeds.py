@@ -205,11 +205,23 @@ def test_missing_cells_of_an_integer_column_are_named_by_row_apart_from_fraction
                                "expects int64")  # fmt: skip
 
 
-def test_values_outside_an_integer_inputs_range_are_rejected() -> None:
+def test_values_outside_an_integer_inputs_range_are_rejected_naming_the_rows_a_value_and_the_range() -> None:
+    """PCM samples of a wider format (int32, 24-bit) fed to an int16 input: the line said 'values outside the range
+    of int16' with no row, no value and no range, where the user must tell a wider encoding from a stray value."""
     table = pd.DataFrame({"level": [3, 300]})
-    with pytest.raises(RecipeError, match=r"column 'level' holds values outside the range of uint8, but model input"):
+    with pytest.raises(RecipeError) as info:
         _feed(table, "level", _meta("level", (None,), "uint8"))
+    assert str(info.value) == ("recipe.yaml: data.inputs: column 'level' holds 1 row with values outside uint8's range "
+                               "0 to 255, e.g. row 1 holding 300 (values seen from 3 to 300), but model input 'level' "
+                               "expects uint8")  # fmt: skip
     assert _feed(table, "level", _meta("level", (None,), "int16")).tolist() == [3, 300]
+    pcm = pd.DataFrame({"pcm": [np.array([3, 4], np.int32), np.array([-5, 40000], np.int32),
+                                np.array([-40001, 1], np.int32)]}, index=[10, 11, 12])  # fmt: skip
+    with pytest.raises(RecipeError) as info:
+        _feed(pcm, "pcm", _meta("pcm", (None, 2), "int16"))
+    assert str(info.value) == ("recipe.yaml: data.inputs: column 'pcm' holds 2 rows with values outside int16's range "
+                               "-32768 to 32767, e.g. row 11 holding 40000 (values seen from -40001 to 40000), but "
+                               "model input 'pcm' expects int16")  # fmt: skip
 
 
 def test_values_too_large_for_a_float_input_are_rejected_not_fed_as_inf() -> None:
