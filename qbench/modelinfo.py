@@ -84,8 +84,24 @@ class ModelInfo:
     def batch_dims(self) -> dict[str, int]:
         """Input name -> its static first dimension, for the inputs exported without a dynamic batch axis (a
         fixed batch: a session takes batches of exactly that many rows). A rank-1 input is left out: its one
-        dimension may be a batch of scalars or a row without a batch."""
-        return {name: meta.shape[0] for name, meta in self.inputs.items() if len(meta.shape) > 1 and meta.shape[0] is not None}
+        dimension may be a batch of scalars or a row without a batch; so is an input with no row axis at all
+        (`shared_by_batch`)."""
+        return {name: meta.shape[0] for name, meta in self.inputs.items()
+                if len(meta.shape) > 1 and meta.shape[0] is not None and not shared_by_batch(meta, self.inputs)}
+
+
+def shared_by_batch(meta: TensorMeta, inputs: dict[str, TensorMeta]) -> bool:
+    """Whether model input `meta` has no row axis, one value per call that every row of a batch shares: a scalar, or
+    a tensor whose every axis is fixed beside an input whose axis 0 is dynamic (a class-weight vector [4], a
+    projection [6, 3] beside x ['batch', 6]), as that axis cannot then be the rows: every input would fix it. A fixed
+    leading 1 is left out: a batch of one row fits it (a fixed batch of 1, or one scalar a row at a batch of 1)."""
+    if meta.kind != "tensor":
+        return False
+    if meta.scalar:
+        return True
+    if not meta.shape or any(dim is None for dim in meta.shape) or meta.shape[0] == 1:
+        return False
+    return any(other.kind == "tensor" and other.shape and other.shape[0] is None for other in inputs.values())
 
 
 def read_model_info(path: Path) -> ModelInfo:

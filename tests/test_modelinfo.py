@@ -9,7 +9,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from qbench.modelinfo import read_model_info
+from qbench.modelinfo import TensorMeta, read_model_info, shared_by_batch
 
 
 def _save(tmp_path: Path, nodes: list, inputs: list, outputs: list, ml: bool = False) -> Path:
@@ -322,3 +322,17 @@ def test_a_clip_and_onnx_ml_classifiers_say_whether_scores_are_probabilities(tmp
     onnx.save(_model(nodes, [helper.make_tensor_value_info("clipped", TensorProto.FLOAT, [None, 4])], bounds),
               str(tmp_path / "clip.onnx"))  # fmt: skip
     assert read_model_info(tmp_path / "clip.onnx").outputs["clipped"].probabilities is True
+
+
+def test_an_input_with_no_row_axis_is_shared_by_the_batch() -> None:
+    """A scalar, or a tensor every axis of which is fixed beside an input whose axis 0 is dynamic, is one value per
+    call; a leading 1 (a batch of one row), a dynamic axis, or a model whose inputs all fix axis 0 keep a row axis."""
+
+    def inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
+        return {name: TensorMeta(name, np.dtype(np.float32), shape, scalar=shape == ()) for name, shape in shapes.items()}
+
+    beside_batch = inputs(x=(None, 6), t=(), scale=(4,), proj=(6, 3), one=(1,), h0=(1, None, 8), state=(2, None))
+    shared = [name for name, meta in beside_batch.items() if shared_by_batch(meta, beside_batch)]
+    assert shared == ["t", "scale", "proj"]
+    fixed = inputs(x=(8, 6), weights=(8,), proj=(6, 3))
+    assert not any(shared_by_batch(meta, fixed) for meta in fixed.values())

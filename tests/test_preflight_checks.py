@@ -189,6 +189,8 @@ def test_inputs_that_disagree_on_axis_0_share_no_batch_and_are_refused(tmp_path:
     # one batch every input shares, fixed or dynamic, and rank-1 inputs beside it, are not refused
     assert fixed_batch(_recipe(tmp_path, latency={"batch_sizes": [8]}), _named(x=(8, 4), mask=(8, "n"))) == 8
     assert fixed_batch(_recipe(tmp_path), _named(x=("batch", "n", 8), mask=("batch", "n"), lengths=(1,))) is None
+    # a tensor every axis of which is fixed beside a dynamic batch is one per call (data.inputs refuses it so), no GNN
+    assert fixed_batch(_recipe(tmp_path), _named(x=("batch", 6), proj=(6, 3))) is None
 
 
 def test_an_initial_state_of_one_layer_beside_a_dynamic_batch_is_a_fixed_batch_of_1(tmp_path: Path) -> None:

@@ -86,9 +86,9 @@ def test_a_fixed_length_vector_input_beside_a_dynamic_batch_is_refused_as_one_pe
     _temperature_model(tmp_path / "model.onnx", default=None, t_shape=(3,))
     code, errors = _validate(tmp_path, {"x": "x", "t": "t"}, capsys, t_cells)
     assert code == 2
-    assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' [3] has no row axis: its one "
-                      "axis is fixed at 3 where x ['batch', 4] leaves axis 0 dynamic for the rows, so it is one vector "
-                      "per call, shared by the batch, where qbench feeds a column one value per row along axis 0; "
+    assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' [3] has no row axis: every "
+                      "axis is fixed while x ['batch', 4] leaves axis 0 dynamic for the rows, so it is one tensor per "
+                      "call, shared by the batch, where qbench feeds a column one value per row along axis 0; "
                       "expected an input with a row axis, or give 't' a default in the graph (an initializer named "
                       "'t' at the value to judge: qbench then feeds it never and holds it constant in every variant; "
                       "README: Graphs as tools write them)"]  # fmt: skip

@@ -36,7 +36,7 @@ from qbench.data.text import (
 )
 from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean, names_listed
-from qbench.modelinfo import TensorMeta
+from qbench.modelinfo import TensorMeta, shared_by_batch
 from qbench.recipe_data import ImageInputSpec, InputTarget, TextInputSpec
 
 logger = logging.getLogger(__name__)
@@ -231,24 +231,17 @@ def _check_mapping(
 
 
 def _per_call_input(meta: TensorMeta, model_inputs: dict[str, TensorMeta]) -> str | None:
-    """Why a model input that has no row axis cannot be fed from a column, and how to feed it; None for one that has.
-
-    A rank-0 input (a temperature, a threshold) is one value per call. So is a rank-1 input of a fixed length beside
-    an input whose axis 0 is dynamic (a class-weight vector `scale [4]` beside `x ['batch', 'seq', 8]`): that axis
-    cannot be the rows, or every input would fix it, and a column of one value per row fits it at that one batch
-    size alone (`ModelInfo.batch_dims` leaves rank-1 inputs out, as they may be a batch of scalars)."""
-    if meta.kind != "tensor":
+    """Why a model input with no row axis (`shared_by_batch`) cannot be fed from a column, and how to feed it; None
+    for one with a row axis. A column of one value a row fits a fixed-length vector at that one batch size alone."""
+    if not shared_by_batch(meta, model_inputs):
         return None
     if meta.scalar:
         what = "is a scalar (shape []): one value per call"
     else:
-        batched = [other for other in model_inputs.values()
-                   if other.kind == "tensor" and other.shape and other.shape[0] is None]  # fmt: skip
-        if len(meta.shape) != 1 or meta.shape[0] is None or not batched:
-            return None
-        what = (f"{meta.shape_text()} has no row axis: its one axis is fixed at {meta.shape[0]} where "
-                f"{batched[0].name} {batched[0].shape_text()} leaves axis 0 dynamic for the rows, so it is one vector "
-                "per call, shared by the batch")
+        batched = next(other for other in model_inputs.values() if other.shape and other.shape[0] is None)
+        what = (f"{meta.shape_text()} has no row axis: every axis is fixed while {batched.name} "
+                f"{batched.shape_text()} leaves axis 0 dynamic for the rows, so it is one tensor per call, shared by "
+                "the batch")
     return (f"model input {meta.name!r} {what}, where qbench feeds a column one value per row along axis 0; expected "
             f"an input with a row axis, or give {meta.name!r} a default in the graph (an initializer named "
             f"{meta.name!r} at the value to judge: qbench then feeds it never and holds it constant in every variant; "
