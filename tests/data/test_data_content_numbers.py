@@ -64,3 +64,10 @@ def test_text_cells_are_left_as_written() -> None:
     """A column of words fed to a numeric input is the feed's to refuse; its digest reads the words."""
     table = pd.DataFrame({"x": ["a", "b"], "y": [0, 1]})
     assert content_table(table, DATA, recipe_file=RECIPE, dtypes=FLOAT32)["x"].tolist() == ["a", "b"]
+
+
+def test_a_column_of_arrays_is_cast_on_the_rows_digested_alone() -> None:
+    table = pd.DataFrame({"x": [np.array([0.1 + 0.2, 1.0]), np.array([0.3, 1.0]), np.array([0.5, 2.0])], "y": [0, 0, 1]})
+    content = content_table(table, DATA, recipe_file=RECIPE, rows=np.array([0, 1]), dtypes=FLOAT32)
+    assert [cell.dtype for cell in content["x"]] == [np.dtype(np.float32)] * 2 + [np.dtype(np.float64)]
+    assert row_digests(content, np.array([0, 1]), ["x"]).tolist() == [row_digests(content, np.array([1]), ["x"])[0]] * 2
