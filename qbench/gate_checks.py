@@ -433,8 +433,7 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
     path, model_inputs, unread = recipe.model_path, None, {}
     # a PyTorch source's export takes each input as model.input_dtypes states it (float32 by default)
-    fed_as = numeric_dtypes({name: recipe.model.input_dtypes.get(name, "float32") for name in recipe.data.inputs.values()
-                             if isinstance(name, str)}) if path is None else {}  # fmt: skip
+    fed_as = numeric_dtypes({name: recipe.model.input_dtype(name) for name in recipe.model.example_inputs or {}})
     if path is not None and path.is_file():
         try:
             model_inputs = read_model_info(path).inputs

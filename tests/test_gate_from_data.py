@@ -254,3 +254,19 @@ def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Pat
     assert main(["gate", str(recipe), "--results", str(forged(results, lambda r: r.pop("distinct_inputs")))]) == 2
     assert ("distinct_inputs: the results record none, the data gives {'overall': 34, 'kind=a': 17, 'kind=b': 17}"
             in shown(capsys))
+
+
+@pytest.mark.parametrize(("stated", "inputs"), [({}, 2), ({"features": "int64"}, 3)])
+def test_the_gate_counts_a_pytorch_sources_inputs_as_its_export_takes_them(tmp_path: Path, stated, inputs):
+    """Without an ONNX file to read, a PyTorch source's input types are model.input_dtypes' (float32 by default):
+    ids 2**24 and 2**24 + 1 are one float32 input, two int64 ones. The sweep counts them as its export takes them."""
+    from qbench.gate_checks import evaluation_from_data
+    from qbench.recipe import load_recipe
+
+    pd.DataFrame({"x": [[2**24], [2**24 + 1], [5]], "y": [0.0, 0.0, 1.0]}).to_parquet(tmp_path / "rows.parquet")
+    model = {"torch": "absent_pkg.factory:build", "example_inputs": {"features": [1, 1]}, "input_dtypes": stated}
+    recipe = {"name": "tiny", "task": "regression", "model": model, "variants": [{"name": "fp16", "precision": "fp16"}],
+              "data": {"path": "rows.parquet", "inputs": {"x": "features"}, "label": "y"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    counted = evaluation_from_data(load_recipe(tmp_path / "recipe.yaml")).distinct_inputs
+    assert counted == ({"overall": inputs} if inputs < 3 else {})
