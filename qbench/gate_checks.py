@@ -424,6 +424,7 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
     the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
     from qbench.data import evaluation_rows, load_data_table
+    from qbench.data.content import numeric_dtypes
     from qbench.modelinfo import read_model_info
     from qbench.preflight_checks import unread_inputs
     from qbench.tasks import get_task
@@ -431,16 +432,19 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
     # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
     path, model_inputs, unread = recipe.model_path, None, {}
+    # a PyTorch source's export takes each input as model.input_dtypes states it (float32 by default)
+    fed_as = numeric_dtypes({name: recipe.model.input_dtype(name) for name in recipe.model.example_inputs or {}})
     if path is not None and path.is_file():
         try:
             model_inputs = read_model_info(path).inputs
         except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
             logger.info("slices re-derived without the model's input types: %s is not a readable ONNX model", path)
         unread = unread_inputs(path)  # the inputs the sweep's digests leave out, as it found them
+        fed_as = numeric_dtypes(model_inputs or {})  # and the types they were fed as
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
     return evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
-                           unread=unread)  # fmt: skip
+                           unread=unread, dtypes=fed_as)  # fmt: skip
 
 
 def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, keeps: bool) -> list[str]:

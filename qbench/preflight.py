@@ -33,7 +33,7 @@ from qbench.data import (
     row_ids_sha256,
     training_rows,
 )
-from qbench.data.content import content_table
+from qbench.data.content import content_table, numeric_dtypes
 from qbench.data.feeds import sequence_ids, text_feed_notes
 from qbench.data.labels import label_cells, unlabelled_hint
 from qbench.data.leakage import shared_rows, warn_shared
@@ -185,8 +185,9 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
                             label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
     unread = unread_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
+    fed_as = numeric_dtypes(model.inputs)  # and the types it is fed as, from the model alone too
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
-                                 unread=unread)  # fmt: skip
+                                 unread=unread, dtypes=fed_as)  # fmt: skip
     eval_rows, masks, nonfinite = evaluation.rows, evaluation.masks, evaluation.nonfinite
     for note in limit_notes(table, evaluation, data, label_classes=task.labels_name_classes):
         logger.warning(note)
@@ -242,7 +243,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
                           split.selection if selection is not None else split.selection[:0])  # fmt: skip
     evaluated = evaluation.digests  # never None here: building the evaluation feeds refused a missing fed column
-    fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread)
+    fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread,
+                           dtypes=fed_as)  # fmt: skip
     overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
     selection_overlap = _selection_overlap(selection, evaluated) if chooses_among_candidates(recipe) else None
     if recipe.fits_on_calibration_rows:
@@ -470,7 +472,7 @@ def _training(
     observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
     data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads (content_table)."""
     training = {}
-    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread)
+    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread, dtypes=numeric_dtypes(model.inputs))
                   if any(v.qat for v in recipe.variants) else table)  # fmt: skip
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:

@@ -116,6 +116,10 @@ class ModelSpec(_Strict):
                 raise ValueError(f"{given[0]}: applies only to a PyTorch model (`torch:`), not to an ONNX file")
         return self
 
+    def input_dtype(self, name: str) -> str:
+        """The dtype a PyTorch model's input `name` is exported with: model.input_dtypes', float32 by default."""
+        return self.input_dtypes.get(name, "float32")
+
 
 class StabilitySpec(_Strict):
     """Adaptive timing: run windows of timed runs until the last `windows` windows' p50s agree."""

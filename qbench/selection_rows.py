@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data import build_feeds
-from qbench.data.content import content_table
+from qbench.data.content import content_table, numeric_dtypes
 from qbench.data.evaluation import EvaluationRows, calibration_candidates
 from qbench.data.feeds import sequence_ids
 from qbench.data.leakage import row_digests
@@ -169,8 +169,9 @@ def selection_rows(
                        "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
-    digests = row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread), rows,
-                          data.fed_columns)
+    fed_as = numeric_dtypes(model_inputs)
+    digests = row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread, dtypes=fed_as),
+                          rows, data.fed_columns)
     return SelectionRows(feeds, labelled, slices, len(rows), why_unsliced, split.from_sample, digests, unjudged,
                          sequence_ids(table, rows, data.inputs, recipe_file=recipe_file))
 

@@ -225,12 +225,22 @@ def every_evaluation_input_three_times(rows: pd.DataFrame) -> None:
             rows.at[source[i], "kind"]
 
 
-def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Path, capsys):
+def every_evaluation_input_three_times_in_float64(rows: pd.DataFrame) -> None:
+    """As every_evaluation_input_three_times, written as float64 rows whose copies differ below float32's precision
+    (scaled by 1, 1 + 1e-12, 1 + 2e-12): the float32 input gets each input's copies alike."""
+    every_evaluation_input_three_times(rows)
+    for i in range(ROWS):
+        rows.at[i, "x"] = np.asarray(rows.at[i, "x"], dtype=np.float64) * (1 + (i % 3) * 1e-12)
+
+
+@pytest.mark.parametrize("copies", [every_evaluation_input_three_times, every_evaluation_input_three_times_in_float64])
+def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Path, capsys, copies):
     """100 evaluation rows of 34 distinct inputs: with max_drop 0.05 (59 rows needed) FP16's pass counted the 100
     rows and resolved it (exit 0); a variant breaking 5 % of the inputs leaves all 34 unchanged with probability
     0.95^34 = 17.5 %. The sweep records each scope's distinct inputs and the gate counts those (exit 2); results
-    whose count is not the data's are unusable."""
-    recipe = classifier_project(tmp_path, edit=every_evaluation_input_three_times)
+    whose count is not the data's are unusable. Copies written in float64 values that differ where float32 cannot
+    tell them apart are copies too (counted as written, 100 inputs: exit 0)."""
+    recipe = classifier_project(tmp_path, edit=copies)
     raw = yaml.safe_load(recipe.read_text())
     raw["gate"] = {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.5}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -244,3 +254,19 @@ def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Pat
     assert main(["gate", str(recipe), "--results", str(forged(results, lambda r: r.pop("distinct_inputs")))]) == 2
     assert ("distinct_inputs: the results record none, the data gives {'overall': 34, 'kind=a': 17, 'kind=b': 17}"
             in shown(capsys))
+
+
+@pytest.mark.parametrize(("stated", "inputs"), [({}, 2), ({"features": "int64"}, 3)])
+def test_the_gate_counts_a_pytorch_sources_inputs_as_its_export_takes_them(tmp_path: Path, stated, inputs):
+    """Without an ONNX file to read, a PyTorch source's input types are model.input_dtypes' (float32 by default):
+    ids 2**24 and 2**24 + 1 are one float32 input, two int64 ones. The sweep counts them as its export takes them."""
+    from qbench.gate_checks import evaluation_from_data
+    from qbench.recipe import load_recipe
+
+    pd.DataFrame({"x": [[2**24], [2**24 + 1], [5]], "y": [0.0, 0.0, 1.0]}).to_parquet(tmp_path / "rows.parquet")
+    model = {"torch": "absent_pkg.factory:build", "example_inputs": {"features": [1, 1]}, "input_dtypes": stated}
+    recipe = {"name": "tiny", "task": "regression", "model": model, "variants": [{"name": "fp16", "precision": "fp16"}],
+              "data": {"path": "rows.parquet", "inputs": {"x": "features"}, "label": "y"}}  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    counted = evaluation_from_data(load_recipe(tmp_path / "recipe.yaml")).distinct_inputs
+    assert counted == ({"overall": inputs} if inputs < 3 else {})

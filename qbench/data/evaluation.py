@@ -132,13 +132,14 @@ def read_columns(data: DataSpec) -> tuple[str, ...]:
 
 def evaluation_rows(
     table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, calibrated: bool,
-    unread: Mapping[str, bool] | None = None,
+    unread: Mapping[str, bool] | None = None, dtypes: Mapping[str, np.dtype] | None = None,
 ) -> EvaluationRows:  # fmt: skip
     """The rows a sweep of a recipe with `data` evaluates, and its slices over them (RecipeError when the recipe's
     filters, slices or inputs do not fit the table). `calibrated`: a variant is fitted on the calibration rows
     (Recipe.fits_on_calibration_rows); then, drawn from this table, they are held out of the evaluation unless
     `data.calibration.overlap: allow`: a variant judged on the rows it was fitted on looks better than it is.
-    `unread`: model inputs no output is computed from, whose columns do not tell inputs apart (content_table)."""
+    `unread`: model inputs no output is computed from, whose columns do not tell inputs apart; `dtypes`: the numeric
+    type each model input is fed as, which tells them apart (content_table)."""
     nonfinite = nonfinite_masks(table, data.inputs)
     rows = select_rows(table, data.evaluation.filter, field="data.evaluation.filter", recipe_file=recipe_file)
     selected = len(rows)
@@ -163,7 +164,8 @@ def evaluation_rows(
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
     check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
     fed = data.fed_columns  # a column missing is named where the feeds are built
-    digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread), rows, fed)
+    digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread,
+                                             dtypes=dtypes), rows, fed)
                if all(column in table.columns for column in fed) else None)
     distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,

@@ -190,7 +190,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         module = _build_template(recipe, source, weights or recipe.weights_path)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
-        dtypes = {name: spec.input_dtypes.get(name, "float32") for name in shapes}
+        dtypes = {name: spec.input_dtype(name) for name in shapes}
         output_names = _output_names(recipe, module, _example_inputs(shapes, dtypes, EXAMPLE_BATCH))
     lengths, length_field = dynamic_lengths(recipe, shapes)
     source_sha256 = file_sha256(source)
@@ -333,7 +333,7 @@ def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: M
 
     Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward() has failed."""
     torch = _import_torch()
-    dtypes = {name: recipe.model.input_dtypes.get(name, "float32") for name in shapes}
+    dtypes = {name: recipe.model.input_dtype(name) for name in shapes}
     tensors = _example_inputs(shapes, dtypes, EXAMPLE_BATCH)
     arguments = ", ".join(shapes)
     forms = (  # (what forward() takes, what it runs on, the wrapper's call)
