@@ -14,7 +14,6 @@ import json
 import math
 import os
 import stat
-import xml.etree.ElementTree as ET
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -369,6 +368,8 @@ def _replaceable(path: Path) -> bool:
         return isinstance(document, dict) and _REPORT_KEYS <= document.keys()
     except ValueError:
         pass
+    import xml.etree.ElementTree as ET  # only here: a sweep imports this module and never reads XML
+
     try:
         root = ET.fromstring(text)
     except ET.ParseError:

@@ -18,7 +18,6 @@ import os
 import secrets
 import socket
 import urllib.parse
-import urllib.request
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -103,7 +102,9 @@ def portable_store_uri(uri: str) -> str:
         return "sqlite:///" + Path(path).resolve().as_posix() + separator + query if path else uri
     parsed = urllib.parse.urlsplit(uri)
     if parsed.scheme == "file" and not parsed.netloc:
-        return Path(urllib.request.url2pathname(parsed.path)).resolve().as_uri()
+        from urllib.request import url2pathname  # only here: it imports http.client and ssl, needed nowhere else
+
+        return Path(url2pathname(parsed.path)).resolve().as_uri()
     if parsed.scheme == "" and uri != "databricks":  # MLflow's word for the Databricks workspace, no folder
         return Path(uri).resolve().as_posix()
     return without_password(uri)

@@ -4,9 +4,7 @@ costs a second or two): `qbench gate` asks before it looks for a sweep's runs to
 from __future__ import annotations
 
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
 from qbench.errors import QbenchError
@@ -51,7 +49,9 @@ def store_absent(uri: str) -> bool:
         return not database.is_file()
     parsed = urllib.parse.urlparse(uri)
     if parsed.scheme == "file":
-        return not Path(urllib.request.url2pathname(parsed.path)).exists()
+        from urllib.request import url2pathname  # here, not at the top: it imports http.client and ssl
+
+        return not Path(url2pathname(parsed.path)).exists()
     return parsed.scheme == "" and not Path(uri).exists()
 
 
@@ -64,17 +64,20 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     URI's password is neither sent to a server's host name nor written in a message."""
     if not uri.startswith(("http://", "https://")):
         return
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen  # here, not at the top: a sweep logging to no server never needs http.client
+
     shown = without_password(uri)
     parsed = urllib.parse.urlsplit(uri)
     health = urllib.parse.urlunsplit(parsed._replace(netloc=parsed.netloc.rpartition("@")[2],
                                                      path=f"{parsed.path.rstrip('/')}/health"))  # fmt: skip
     try:
-        with urllib.request.urlopen(health, timeout=timeout_s):
+        with urlopen(health, timeout=timeout_s):
             return
-    except urllib.error.HTTPError as exc:
+    except HTTPError as exc:
         if exc.code < 500:
             return
         raise QbenchError(f"MLflow tracking server {shown} answers HTTP {exc.code} {exc.reason} (a proxy whose server is "
                           "down, or the server failing); start it or use --no-track") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL (a bad port)
+    except (URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL (a bad port)
         raise QbenchError(f"MLflow tracking server {shown} does not answer ({exc}); start it or use --no-track") from None

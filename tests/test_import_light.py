@@ -20,10 +20,11 @@ from qbench.runs import RESULTS_FILE, TRACKING_FILE
 HEAVY = ("torch", "onnxruntime", "mlflow", "modelopt", "tensorrt")
 
 
-def imported_after(statement: str) -> list[str]:
+def imported_after(statement: str, among: tuple[str, ...] = HEAVY) -> list[str]:
+    """The modules of the packages `among` (or those modules themselves) a fresh process holds after `statement`."""
     code = f"import sys, json\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    return [m for m in json.loads(output) if m.split(".")[0] in HEAVY]
+    return [m for m in json.loads(output) if m in among or m.split(".")[0] in among]
 
 
 def test_import_qbench_loads_no_heavy_sdk():
@@ -45,6 +46,14 @@ def test_every_entry_point_the_package_names_resolves_to_that_function():
 def test_recipe_gate_and_registries_load_no_heavy_sdk():
     statement = "import qbench.recipe, qbench.gate, qbench.cli, qbench.variants, qbench.backends, qbench.results"
     assert imported_after(statement) == []
+
+
+def test_the_sweeps_work_process_imports_no_http_client_nor_xml_parser():
+    """What `qbench sweep`'s work process imports before the sweep starts (qbench.cli_child): an HTTP client (a
+    tracking server's health check, a file: URI's path) and an XML parser (reading back a JUnit report) are imported
+    where they are used, not by every sweep."""
+    unused = ("urllib.request", "http.client", "xml.etree.ElementTree")
+    assert imported_after("import qbench.cli_app, qbench.sweep", among=unused) == []
 
 
 def gate_loads(recipe_body: dict, tracking_record: str | None, folder: Path) -> list[str]:

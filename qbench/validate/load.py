@@ -289,8 +289,10 @@ class LoadReplay:
         row: the same float operations in the same order, so the same figures to the bit (tests/validate/
         test_load_fast.py keeps the plain loop and compares the two). `over`: asked every CHECK_EVERY batches
         whether the share over the budget is decided over TAIL_SHARE; if so, None."""
-        times = arrivals.tolist()
-        n, size, delay = len(times), self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
+        n, size, delay = arrivals.size, self.batcher.max_batch_size, self.batcher.max_queue_delay_ms
+        # the arrivals as floats, converted a block at a time as batches reach them (a run stopped early reads few)
+        times = arrivals[: min(n, _BLOCK + size)].tolist()
+        converted = len(times)
         columns = self._columns
         starts: list[float] = []
         counts: list[int] = []
@@ -308,6 +310,9 @@ class LoadReplay:
                 i, k, free = i + taken * size, k + taken, ends[-1]
                 window, full = (window * 2, full) if taken == window else (run_after, 0)
                 continue
+            if i + size >= converted < n:  # the batch reads up to the arrival after its last request
+                times += arrivals[converted : i + size + _BLOCK].tolist()
+                converted = len(times)
             first = times[i]
             due = first + delay
             if free <= first and size > 1 and (i + 1 == n or times[i + 1] > due):  # alone on an idle model

@@ -165,3 +165,30 @@ def test_service_times_are_looked_up_a_block_at_a_time_where_a_batch_size_occurs
     sizes = np.unique(replay._batches(replay._unit_arrivals * (4000 / replay.capacity_rps))[1]).size
     assert sizes == 30 and looked_up[0] < sizes * 80_000 / 2
     assert stats == ReferenceReplay(timed, Batcher(32, 2.0), Draws.make(80_000, seed=0)).at(replay.capacity_rps / 4)
+
+
+class _CountingArrivals(np.ndarray):
+    """Arrivals that count the values converted to Python floats (a view of them, and what is computed from it,
+    counts into the same list)."""
+
+    converted: list[int] = []
+
+    def tolist(self):
+        _CountingArrivals.converted.append(self.size)
+        return super().tolist()
+
+
+def test_a_run_stopped_early_converts_only_the_arrivals_its_batches_reach(monkeypatch):
+    """The batcher loop reads the arrivals as floats; a run over the budget stops within its first CHECK_EVERY
+    batches (heavy-tailed timings at a quarter of capacity, 80,000 requests) and converts up to a block or two past the
+    requests they hold (54,107), not all 80,000; a run to the end converts each arrival once."""
+    monkeypatch.setattr(_CountingArrivals, "converted", [])
+    service, batcher = heavy_tailed(np.random.default_rng(0), 32), Batcher(32, 2.0)
+    replay = LoadReplay(service, batcher, Draws.make(80_000, seed=0))
+    replay._unit_arrivals = replay._unit_arrivals.view(_CountingArrivals)
+    assert replay.verdict(replay.capacity_rps / 4, 5.0) == (Verdict.FAIL, None)
+    early = sum(_CountingArrivals.converted)
+    _CountingArrivals.converted.clear()
+    held = int(replay._batches(replay._unit_arrivals * (4000 / replay.capacity_rps))[1][:CHECK_EVERY].sum())
+    assert sum(_CountingArrivals.converted) == 80_000  # the whole run: each arrival once
+    assert held <= early <= held + 2 * 4096 < 80_000
