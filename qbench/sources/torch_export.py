@@ -204,7 +204,7 @@ def _state_problem(forward: _Forward, inputs: Sequence[Any]) -> tuple[str | None
     before = {name: t.detach().clone() for name, t in module.state_dict().items() if isinstance(t, torch.Tensor)}
     first, second = forward(inputs), forward(inputs)
     after = module.state_dict()
-    changed = [name for name, old in before.items() if not _same_tensor(old, after[name])]
+    changed = [name for name, old in before.items() if name not in after or not _same_tensor(old, after[name])]
     forward.shared = not changed
     moved = [_largest_difference(b, a) for a, b in zip(first, second, strict=True) if a.shape == b.shape]
     if (len(moved) == len(first) and max(moved, default=0.0) == 0.0) or not changed:
