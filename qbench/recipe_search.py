@@ -2,7 +2,7 @@
 
     search:
       name: int8-search          # the variant the search's choice becomes (gated like any variant)
-      time_budget_s: 120         # no new candidate is started after this (the chosen one is then measured)
+      time_budget_s: 120         # no new step starts after this (a started one runs to its end)
       techniques: null           # which families to try; default: all (see qbench.search.candidates)
       alphas: [auto]             # SmoothQuant migration strengths tried (a number in [0, 1] or auto)
       max_keep_float: 8          # most nodes a keep-float candidate leaves in floating point
@@ -31,7 +31,10 @@ class SearchSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: Name = Field("int8-search", description="the searched variant's name")
-    time_budget_s: float = Field(120.0, gt=0, allow_inf_nan=False, description="seconds after which no new candidate starts")
+    time_budget_s: float = Field(
+        120.0, gt=0, allow_inf_nan=False,
+        description="seconds after which no new step starts (a started one runs to its end)",
+    )
     techniques: list[Literal["ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static"]] | None = Field(
         None, min_length=1, description="families of candidates to try; default: all"
     )

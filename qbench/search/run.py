@@ -22,8 +22,9 @@ node kept float) is "not applicable": never measured, it can neither pass nor be
 folder are moved or removed.
 
 No new step starts once `time_budget_s` is spent (but candidates run until one is measured, and the passing candidates'
-first re-timing rounds: a pick's speed-up is never its one screening estimate). Every candidate's figures and
-verdict are in the returned `SearchReport` (results.json `search`, the report and MLflow).
+first re-timing rounds: a pick's speed-up is never its one screening estimate); a step started before runs to its end,
+and a search that ends past its budget says so in its notes (`overrun_note`). Every candidate's figures and verdict
+are in the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
 from __future__ import annotations
@@ -41,21 +42,28 @@ from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import GateReport, judge, too_small
+from qbench.gate import judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import Tolerances, reference_tolerances, tolerances_by_metric
 from qbench.preflight import Prepared
 from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
-from qbench.results import VariantResult
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.candidates import Candidate, catalogue
-from qbench.search.outcome import kept_pick, method_note
+from qbench.search.outcome import kept_pick, method_note, overrun_note
 from qbench.search.ranking import noisiest_first, quantized_names
 from qbench.search.retime import RETIME_ROUNDS, retime_rounds
-from qbench.search.screen import gate_excess, screen_excess, screening_indices, worst_slice
+from qbench.search.screen import (
+    gate_excess,
+    overall_drop,
+    overall_metric,
+    p50s,
+    screen_excess,
+    screening_indices,
+    worst_slice,
+)
 from qbench.selection_rows import chosen_on
 from qbench.validate.clock import PhaseClock
 from qbench.validate.measure import Measured, Rows, describe_error, measure
@@ -75,18 +83,6 @@ logger = logging.getLogger(__name__)
 class SearchOutcome:
     built: BuiltVariant | None  # the chosen candidate (the closest when none passed), as <workdir>/<name>.onnx
     report: SearchReport
-
-
-def _p50s(result: VariantResult) -> dict[int, float]:
-    return {p.batch_size: p.p50_ms for p in result.latency.points} if result.latency else {}
-
-
-def _overall(verdict: GateReport) -> float | None:
-    return next((c.drop for c in verdict.checks if c.scope == "overall" and c.metric == verdict.metric), None)
-
-
-def _metric(result: VariantResult, metric: str) -> float | None:
-    return result.accuracy.overall.metrics.get(metric) if result.accuracy else None
 
 
 class _Search:
@@ -112,6 +108,7 @@ class _Search:
         self.keep_float_exhausted = False
         self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
         self.retimed_late = False  # re-timed though the time budget was spent
+        self.steps = [(0.0, "measuring FP32 on the rows candidates are judged on")]  # (seconds in, what) per step
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
@@ -124,7 +121,7 @@ class _Search:
         self.gate = prepared.recipe.gate
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
-        self.fp32_p50 = _p50s(self.fp32_screen.result)
+        self.fp32_p50 = p50s(self.fp32_screen.result)
         self.fp32_timings = [self.fp32_p50]  # FP32's screening timings, the first and one beside each candidate
 
     # -- budget -----------------------------------------------------------------------------------
@@ -134,11 +131,15 @@ class _Search:
         (candidates run until one is, so even a tiny budget yields a variant: with only the first allowed, a first
         candidate that failed to build left every other 'not tried' and the search without a variant)."""
         if self.now() - self.started < self.spec.time_budget_s or select.closest(self.records) is None:
+            self._start(what)
             return True
         if not self.budget_exhausted:
             logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: {what} and later steps skipped")
         self.budget_exhausted = True
         return False
+
+    def _start(self, what: str) -> None:  # a step starts: said by `overrun_note` when the search runs past its budget
+        self.steps.append((self.now() - self.started, what))
 
     # -- one candidate: build, screen, evaluate -----------------------------------------------------
 
@@ -148,7 +149,7 @@ class _Search:
         self.candidates.append(candidate)
         record = CandidateRecord(candidate.label, candidate.technique, dict(candidate.options), candidate.keep_float)
         self.records.append(record)
-        if not self.within_budget(f"{candidate.label}"):
+        if not self.within_budget(f"screening {candidate.label}"):
             self.records[index] = record.with_(stage="skipped", verdict="not tried: time budget spent")
             return index
         t = time.perf_counter()
@@ -188,11 +189,11 @@ class _Search:
             return index
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
-        p50, fp32_p50 = _p50s(measured.result), self._fp32_p50_now()
+        p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
             speedups=select.per_batch(fp32_p50, p50),
-            screen_metric=_metric(measured.result, self.gate.metric), screen_drop=_overall(verdict),
+            screen_metric=overall_metric(measured.result, self.gate.metric), screen_drop=overall_drop(verdict),
             screen_excess=promise,
             verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
         )  # fmt: skip
@@ -204,7 +205,7 @@ class _Search:
         load (on a shared machine, load drifts over a search: one FP32 timing at the start misranked candidates 2×)."""
         again = measure(self.backend, self.fp32_built, self.prepared, rows=self.screen, timing=self.timing, score=False,
                         quiet=True, clock=self.clock).result  # fmt: skip
-        p50 = _p50s(again)
+        p50 = p50s(again)
         if p50:
             self.fp32_timings.append(p50)
         return p50 or self.fp32_p50
@@ -240,7 +241,7 @@ class _Search:
         else:
             said = one_line(f"pass, unresolved: {unresolved}", VERDICT_CHARS) if unresolved else "pass (resolved)"
         self.records[index] = record.with_(
-            stage="evaluated", metric=_metric(measured.result, self.gate.metric), drop=_overall(verdict),
+            stage="evaluated", metric=overall_metric(measured.result, self.gate.metric), drop=overall_drop(verdict),
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
             unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
         )  # fmt: skip
@@ -367,6 +368,7 @@ class _Search:
             pick = select.closest(self.records) if select.choose(self.records) is None else None
             if pick is None or self.records[pick].evaluated or pick not in self.built:
                 return
+            self._start(f"evaluating {self.records[pick].label} (the closest)")
             self.evaluate(pick)
 
     def retime_finalists(self) -> None:
@@ -384,10 +386,11 @@ class _Search:
             logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: the passing candidates are re-timed "
                            f"anyway, {RETIME_ROUNDS} rounds beside FP32, so that the pick does not rest on one screening "
                            "estimate")  # fmt: skip
+        self._start("re-timing the finalists beside FP32")
 
         def time_one(index: int | None) -> dict[int, float]:
             built = self.fp32_built if index is None else self.built[index]
-            return _p50s(measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
+            return p50s(measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
                                  quiet=True, clock=self.clock).result)  # fmt: skip
 
         def room(seconds: float) -> bool:
@@ -428,6 +431,8 @@ class _Search:
                                    self.tolerances.on_slice(self.records[pick].worst_slice or ""),
                                    budget_exhausted=self.budget_exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
+        seconds = self.now() - self.started
+        overrun = overrun_note(self.steps, seconds, self.spec.time_budget_s)
         for index, record in enumerate(self.records):
             if index == pick:
                 closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"
@@ -436,10 +441,10 @@ class _Search:
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
             max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
-            seconds=round(self.now() - self.started, 3), outcome=select.outcome(chosen, pick, thin),
+            seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen)),
+            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen), *overrun),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
         )  # fmt: skip

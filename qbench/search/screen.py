@@ -4,6 +4,7 @@
 - `gate_excess`: a full evaluation's verdict, largest drop / tolerance (select.excess).
 - `screen_excess`: a screen's verdict, each share-of-rows drop less one row where the screen sampled its scope.
 - `worst_slice`: the judged slice furthest from its tolerance.
+- `overall_drop`, `overall_metric`, `p50s`: a verdict's overall drop, a result's overall figure and p50s by batch size.
 """
 
 from __future__ import annotations
@@ -73,3 +74,15 @@ def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
               if c.scope not in ("overall", "slo") and c.status != "skipped" and c.metric == verdict.metric]  # fmt: skip
     worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
     return (worst.scope, worst.drop) if worst else (None, None)
+
+
+def overall_drop(verdict: GateReport) -> float | None:
+    return next((c.drop for c in verdict.checks if c.scope == "overall" and c.metric == verdict.metric), None)
+
+
+def overall_metric(result: VariantResult, metric: str) -> float | None:
+    return result.accuracy.overall.metrics.get(metric) if result.accuracy else None
+
+
+def p50s(result: VariantResult) -> dict[int, float]:
+    return {p.batch_size: p.p50_ms for p in result.latency.points} if result.latency else {}

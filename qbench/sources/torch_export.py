@@ -156,46 +156,65 @@ def _export_problem(torch_model: TorchModel, path: Path, agreement: Agreement | 
     differ from forward()'s, and from its own, on every run."""
     for name, nodes in random_sources(path, torch_model.output_names).items():
         return Problem(f"samples: {random_refusal(name, nodes, torch=True)}")
-    ids_as_masks = _ids_as_masks(torch_model)
-    stateful = _state_problem(torch_model, ids_as_masks)
+    forward = _Forward(torch_model)
+    ids_as_masks = _ids_as_masks(torch_model, forward)
+    inputs = torch_model.example_inputs(ids_as_masks=ids_as_masks)
+    stateful, example_outputs = _state_problem(forward, inputs)
     if stateful is not None:
         return Problem(stateful)
     session = _session(path)
-    difference = export_difference(torch_model, path, torch_model.example_inputs(ids_as_masks=ids_as_masks),
-                                   session=session, agreement=agreement)  # fmt: skip
+    difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement,
+                                   expected=example_outputs)  # fmt: skip
     if difference is not None:
         return Problem(f"on its example inputs: {difference}")
-    problem = _batch_problem(torch_model, path, session, ids_as_masks, agreement)
+    problem = _batch_problem(torch_model, path, session, ids_as_masks, agreement, forward)
     if problem is not None:
         return Problem(problem)
-    return _length_problem(torch_model, path, session, ids_as_masks, agreement)
+    return _length_problem(torch_model, path, session, ids_as_masks, agreement, forward)
 
 
-def _state_problem(torch_model: TorchModel, ids_as_masks: bool) -> str | None:
+class _Forward:
+    """forward() of the module for the export's checks, its outputs as float32 arrays. One copy of the module serves
+    every check unless calling it changed one of its tensors (`_state_problem` says which); each check built a copy
+    of its own, 7 copies of MiniLM's 90 MB BERT and 1.8 s of a cold sweep's preparation."""
+
+    def __init__(self, torch_model: TorchModel) -> None:
+        self.torch_model = torch_model
+        self.module = torch_model.build()
+        self.shared = True  # whether self.module serves every call (False: a fresh copy per call)
+
+    def __call__(self, inputs: Sequence[Any]) -> list[np.ndarray]:
+        import torch  # a TorchModel exists: torch is installed and loaded
+
+        module = self.module if self.shared else self.torch_model.build()
+        with single_torch_thread(), torch.no_grad():
+            return [t.float().numpy() for t in flatten_outputs(module(*inputs))]
+
+
+def _state_problem(forward: _Forward, inputs: Sequence[Any]) -> tuple[str | None, list[np.ndarray]]:
     """forward() changing the module's own tensors in eval mode (a running mean it updates on every call) so that
-    the same rows give other outputs on a second call, or None. The export holds one state (the exporter drops the
-    update), the module another after every batch: such a model was refused as an export that differs from
-    forward() (`output 'logits' differs from forward()'s by 9.28e-01`), naming neither the tensor nor the fix."""
+    the same rows give other outputs on a second call, or None; and the outputs of the first call on `inputs`. The
+    export holds one state (the exporter drops the update), the module another after every batch: such a model was
+    refused as an export that differs from forward() (`output 'logits' differs from forward()'s by 9.28e-01`),
+    naming neither the tensor nor the fix. A module whose tensors changed though its outputs did not (a call
+    counter) is built afresh for every later check."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
-    module = torch_model.build()
-    inputs = torch_model.example_inputs(ids_as_masks=ids_as_masks)
+    module = forward.module
     before = {name: t.detach().clone() for name, t in module.state_dict().items() if isinstance(t, torch.Tensor)}
-    with single_torch_thread(), torch.no_grad():
-        first, second = ([t.float().numpy() for t in flatten_outputs(module(*inputs))] for _ in range(2))
-    moved = [_largest_difference(b, a) for a, b in zip(first, second, strict=True) if a.shape == b.shape]
-    if len(moved) == len(first) and max(moved, default=0.0) == 0.0:
-        return None
+    first, second = forward(inputs), forward(inputs)
     after = module.state_dict()
-    changed = [name for name, old in before.items() if not _same_tensor(old, after[name])]
-    if not changed:
-        return None  # other outputs with the same state: a draw, named by the export's random nodes
+    changed = [name for name, old in before.items() if name not in after or not _same_tensor(old, after[name])]
+    forward.shared = not changed
+    moved = [_largest_difference(b, a) for a, b in zip(first, second, strict=True) if a.shape == b.shape]
+    if (len(moved) == len(first) and max(moved, default=0.0) == 0.0) or not changed:
+        return None, first  # the same outputs; or other outputs from the same state: a draw, named by random_sources
     largest = max(moved, default=float("inf"))
     return (f"changes its own state: forward() updates {', '.join(map(repr, changed[:5]))}"
             f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''} on every call in eval mode, so the same "
             f"rows give other outputs on a second call (by {largest:.2e}) and every figure would depend on the rows "
             "run before; expected a forward() that updates running statistics only in training (under `if "
-            "self.training:`, as nn.BatchNorm does)")  # fmt: skip
+            "self.training:`, as nn.BatchNorm does)"), first  # fmt: skip
 
 
 def _same_tensor(old: Any, new: Any) -> bool:
@@ -210,19 +229,17 @@ def _same_tensor(old: Any, new: Any) -> bool:
     return bool(torch.equal(old, new))
 
 
-def _ids_as_masks(torch_model: TorchModel) -> bool:
+def _ids_as_masks(torch_model: TorchModel, forward: _Forward) -> bool:
     """Whether the checks feed the integer inputs as the example feeds masks (ids 1 but a 0 at the last position)
     rather than as zeros: where forward() gives an output no finite value on the zeros and a finite value in every
     output on those. Token id 0 is the padding of most vocabularies, so a model that masks its padding from its own
     ids (an nn.TransformerEncoder's src_key_padding_mask from ids == 0) masks every token of the zeros and returns
     NaN: nothing to compare, and a model that exports fine was refused. The export traced on the zeros is compared
     on the other values: a branch forward() took on the zeros alone shows as a difference there."""
-    import torch  # a TorchModel exists: torch is installed and loaded
 
     def finite(ids_as_masks: bool) -> bool:
-        with single_torch_thread(), torch.no_grad():
-            outputs = flatten_outputs(torch_model.build()(*torch_model.example_inputs(ids_as_masks=ids_as_masks)))
-        return all(bool(torch.isfinite(t).any()) for t in outputs if t.numel() and t.is_floating_point())
+        outputs = forward(torch_model.example_inputs(ids_as_masks=ids_as_masks))
+        return all(bool(np.isfinite(a).any()) for a in outputs if a.size)
 
     try:  # the masks' values are tried only where the zeros leave an output no finite value
         return torch_model.takes_ids and not finite(False) and finite(True)
@@ -231,12 +248,10 @@ def _ids_as_masks(torch_model: TorchModel) -> bool:
 
 
 def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool,
-                    agreement: Agreement | None) -> Problem | None:  # fmt: skip
+                    agreement: Agreement | None, forward: _Forward) -> Problem | None:  # fmt: skip
     """How the export differs from forward() at lengths other than the example's on its dynamic `lengths` axes
     (qbench.sources.torch_lengths), said with the field that makes the rows' lengths vary and the fixed length that
     would do instead."""
-    import torch  # a TorchModel exists: torch is installed and loaded
-
     if not torch_model.lengths:
         return None
     name, axes = next(iter(torch_model.lengths.items()))
@@ -244,13 +259,13 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_ma
     for length in other_lengths(example):
         inputs = torch_model.example_inputs(length=length, ids_as_masks=ids_as_masks)
         try:
-            with single_torch_thread(), torch.no_grad():
-                torch_model.build()(*inputs)
+            expected = forward(inputs)
         except Exception as exc:  # noqa: BLE001 - the user's forward(): what failed is the finding
             finding = f"forward() itself fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
         else:
             try:
-                difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement)
+                difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement,
+                                               expected=expected)  # fmt: skip
                 finding = None if difference is None else f"its {difference}"
             except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the length is the finding
                 finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
@@ -265,26 +280,24 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_ma
 
 
 def _batch_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_masks: bool,
-                   agreement: Agreement | None) -> str | None:  # fmt: skip
+                   agreement: Agreement | None, forward: _Forward) -> str | None:  # fmt: skip
     """How the export at a batch of OTHER_BATCH rows differs from forward(), said with its likely cause."""
-    import torch  # a TorchModel exists: torch is installed and loaded
-
     inputs = torch_model.example_inputs(OTHER_BATCH, ids_as_masks=ids_as_masks)
     try:
-        with single_torch_thread(), torch.no_grad():
-            shapes = [list(t.shape) for t in flatten_outputs(torch_model.build()(*inputs))]
+        expected = forward(inputs)
     except Exception as exc:  # noqa: BLE001 - the user's forward(): what failed is the finding
         remedy = guard_remedy(exc) or _ANY_BATCH
         return (f"cannot be checked at a batch of {OTHER_BATCH}: forward() itself fails on it ({type(exc).__name__}: "
                 f"{exc}); qbench feeds rows in batches of any size along axis 0: {remedy}")  # fmt: skip
     try:
-        difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement)
+        difference = export_difference(torch_model, path, inputs, session=session, agreement=agreement,
+                                       expected=expected)  # fmt: skip
         finding = None if difference is None else f"its {difference}"
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime refusing the other batch is the finding
         finding = f"it fails in ONNX Runtime ({str(exc).splitlines()[0][:300]})"
     if finding is None:
         return None
-    own = [shape for shape in shapes if not shape or shape[0] != OTHER_BATCH]
+    own = [list(a.shape) for a in expected if not a.shape or a.shape[0] != OTHER_BATCH]
     culprit = (f"forward() itself returns {own[0]} for {OTHER_BATCH} rows: a size written as a number in the module"
                if own else "the TorchScript exporter recorded a size of the example batch as a constant")
     return (f"follows only the example's batch of {EXAMPLE_BATCH} rows: at a batch of {OTHER_BATCH} {finding}; "
@@ -300,17 +313,18 @@ def _session(path: Path) -> Any:
 
 
 def export_difference(torch_model: TorchModel, path: Path, inputs: Sequence[Any], *, session: Any = None,
-                      agreement: Agreement | None = None) -> str | None:  # fmt: skip
+                      agreement: Agreement | None = None,
+                      expected: Sequence[np.ndarray] | None = None) -> str | None:  # fmt: skip
     """How the exported graph's outputs on `inputs` (one per input, in order) differ from forward()'s beyond
     EXPORT_TOLERANCE (relative to each output's largest finite magnitude), or None when they agree (their largest
     difference then added to `agreement`). Where forward() gives NaN/inf (a head masking what no answer reads with
     -inf) the export must give the same value there; an output with no finite value at all leaves nothing to compare,
-    and is named so."""
+    and is named so. `expected`: forward()'s outputs on `inputs` where the caller has them (else it is run)."""
     import torch  # a TorchModel exists: torch is installed and loaded
 
     inputs = [torch.as_tensor(value) for value in inputs]
-    with single_torch_thread(), torch.no_grad():
-        expected = [t.float().numpy() for t in flatten_outputs(torch_model.build()(*inputs))]
+    if expected is None:
+        expected = _Forward(torch_model)(inputs)
     if not all(np.isfinite(want).any() for want in expected if want.size):
         name = next(n for n, want in zip(torch_model.output_names, expected, strict=True)
                     if want.size and not np.isfinite(want).any())  # fmt: skip

@@ -49,6 +49,7 @@ def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], Va
     fp32 = result_of("fp32")
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built)))
     search = object.__new__(run._Search)
+    search.steps = []  # the steps started (its __init__, which sets them, is not run)
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
                       for label, speed in zip(labels, speeds)]  # fmt: skip
     search.built = dict(enumerate(labels))

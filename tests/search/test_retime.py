@@ -96,6 +96,7 @@ def test_the_search_keeps_the_finalist_its_retiming_finds_faster(monkeypatch):
 
     monkeypatch.setattr(run, "measure", fake_measure)
     search = object.__new__(run._Search)
+    search.steps = []  # the steps started (its __init__, which sets them, is not run)
     search.records = [CandidateRecord("lucky", "ort-static", speedup=1.30, passed=True, excess=0.5),
                       CandidateRecord("steady", "ort-dynamic", speedup=1.06, passed=True, excess=0.5)]  # fmt: skip
     search.spec = SimpleNamespace(finalists=3, time_budget_s=75)

@@ -108,6 +108,8 @@ def test_the_time_budget_stops_new_candidates(tmp_path):
     assert first.passed and report.outcome == "passed" and report.chosen == 0 and outcome.gate.exit_code == EXIT_PASS
     saved = json.loads(outcome.results_path.read_text())["search"]
     assert saved["time_budget_s"] == 0.001 and saved["budget_exhausted"] is True
+    (overrun,) = [note for note in report.notes if note.startswith("the search took ")]  # past 0.001 s, and says so
+    assert "past its 0.001 s time budget" in overrun and f"then past it: screening {first.label}" in overrun
 
 
 def test_a_searched_variant_name_must_be_free(tmp_path):
@@ -183,6 +185,7 @@ def test_a_single_finalist_is_retimed_so_its_speedup_is_not_one_noisy_estimate(m
 
     monkeypatch.setattr(run, "measure", fake_measure)
     search = object.__new__(run._Search)
+    search.steps = []  # the steps started (its __init__, which sets them, is not run)
     search.records = [CandidateRecord("static", "ort-static", speedup=estimate, passed=True)]
     search.spec = SimpleNamespace(finalists=2, time_budget_s=60)
     search.within_budget = lambda what: True

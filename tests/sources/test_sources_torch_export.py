@@ -489,6 +489,22 @@ def test_a_buffer_forward_updates_but_never_reads_does_not_refuse_the_export(tmp
     assert _onnx_vs_torch(model.onnx_path, tmp_path / "recipe.yaml") < 1e-5
 
 
+@pytest.mark.parametrize(("factory", "copies"), [("build", 2), ("build_counting", 3)])
+def test_the_export_checks_share_one_copy_of_a_module_whose_calls_change_none_of_its_tensors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, factory: str, copies: int
+) -> None:
+    """One copy is traced, one serves every check (each check built its own: 7 copies of MiniLM's 90 MB BERT); a
+    module whose calls change a tensor (a call counter) is still built afresh for every check after the state check."""
+    from qbench.sources.torch_model import TorchModel
+
+    built = []
+    build = TorchModel.build
+    monkeypatch.setattr(TorchModel, "build", lambda self: built.append(1) or build(self))
+    model = resolve_model(load_recipe(_project(tmp_path, factory)))
+    assert len(built) == copies
+    assert _onnx_vs_torch(model.onnx_path, tmp_path / "recipe.yaml") < 1e-5
+
+
 def test_a_module_returned_in_train_mode_is_exported_in_eval_mode(tmp_path: Path) -> None:
     """The README's word: Dropout passes its input through and BatchNorm reads its running statistics."""
     recipe = _project(tmp_path, "build_in_train_mode")
