@@ -291,6 +291,30 @@ class _Graph:
         return values.dtype.kind in "iu" and bool(np.all(values == np.iinfo(values.dtype).min))
 
 
+def blocking_activations(model: onnx.ModelProto) -> dict[str, np.dtype]:
+    """The Relu/Clip nodes of the main graph that keep a MatMul or Gemm with both operands dequantized from its
+    integer kernel (ONNX Runtime fuses them into the float op: output form "blocked"), by output, each with the float
+    type of the values it reads (its MatMul's dequantized input's scale type)."""
+    graph = _Graph(model.graph, _shapes(model))
+    found: dict[str, np.dtype] = {}
+    for node in graph.nodes:
+        if node.op_type not in _BOTH_OPERANDS or len(node.input) < 2 or not all(n in graph.dequantized for n in node.input[:2]):
+            continue
+        add = graph.bias_add(node) if node.op_type == "MatMul" else None
+        output = (add or node).output[0]
+        if graph.output_form(output) == "blocked":
+            activation = graph.readers[output][0]
+            found[activation.output[0]] = _scale_type(graph, node.input[0])
+    return found
+
+
+def _scale_type(graph: _Graph, dequantized: str) -> np.dtype:
+    """The numpy type of the scale a dequantized tensor is computed with (float32 where it is not a constant)."""
+    producer = next(node for node in graph.nodes if dequantized in node.output)
+    scale = graph.constants.get(producer.input[1])
+    return numpy_helper.to_array(scale).dtype if scale is not None and scale.data_location != onnx.TensorProto.EXTERNAL else np.dtype(np.float32)
+
+
 def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
     """Op type -> nodes (besides Q/DQ, subgraphs' included) that read a dequantized tensor: where a graph with no
     integer kernel rounds data (the note names them)."""

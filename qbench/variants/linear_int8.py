@@ -35,6 +35,7 @@ from qbench.variants.qdq_opset import qdq_runnable
 from qbench.variants.quantizable import nested_nodes_note
 from qbench.variants.reference import load_reference
 from qbench.variants.smoothquant import FOLD_PRODUCERS, SmoothQuantSettings, collect_channel_ranges, smooth_model
+from qbench.variants.unfused_activations import keep_integer_kernels
 
 _NO_LINEAR = "no Linear (MatMul/Gemm with a constant weight) found"
 
@@ -141,6 +142,9 @@ def build_linear_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         else:
             with build_step(spec.name, f"{quantization.activations} INT8 on the Linears"):
                 model, done = linear_int8(model, ctx.calibration, quantization, exclude, tmp)
+        unfused = 0 if config.dynamic else keep_integer_kernels(model)  # a dynamic build writes no Q/DQ
+        if unfused:
+            done["activations_unfused"] = unfused
         with build_step(spec.name, "saving the quantized model"):
             save_model(model, target)
     params.update({
