@@ -433,9 +433,6 @@ def run_batched(
     return run_outputs(runner, feeds, batch_size, {"": output_index}, description)[""]
 
 
-__all__ = ["OVERALL", "evaluate_accuracy", "row_count", "run_batched", "run_outputs", "scale_doubts", "with_drops"]
-
-
 def shared_cosines(task: str, reference_outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
     """Output name -> the cosine FP32's vectors share across the evaluation rows (kept.shared_cosine), for a task
     scoring cosines with FP32 (embedding); finite values only. A variant answering another row's FP32 vector scores
@@ -446,3 +443,6 @@ def shared_cosines(task: str, reference_outputs: Mapping[str, np.ndarray]) -> di
         return {}
     shared = {name: shared_cosine(np.asarray(values)) for name, values in reference_outputs.items()}
     return {name: value for name, value in shared.items() if math.isfinite(value)}
+
+
+__all__ = ["OVERALL", "evaluate_accuracy", "row_count", "run_batched", "run_outputs", "scale_doubts", "with_drops"]
