@@ -22,6 +22,7 @@ from qbench.gate_checks import (
 from qbench.gate_notes import (
     chosen_on_judged_rows,
     constant_reference,
+    cosine_without_room,
     fitted_on_judged_rows,
     nonfinite_reference,
     one_class_reference,
@@ -309,7 +310,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         problems.extend(slo_problems)
         gated += [pair for pair in slo_pairs if pair not in gated]
     per_metric = [note for one in specs for note in (*tolerance_notes(results, one, gated),
-                  *one_class_reference(results, one, gated), *reference_worse_than_the_mean(results, one, gated))]
+                  *one_class_reference(results, one, gated), *reference_worse_than_the_mean(results, one, gated),
+                  *cosine_without_room(results, one, gated))]
     return withheld(GateReport(
         metric=spec.metric, metrics=spec.gated_metrics if len(specs) > 1 else (),
         checks=tuple(checks),

@@ -13,7 +13,7 @@ from qbench.errors import QbenchError
 from qbench.gate_tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe import GateSpec
 from qbench.results import AccuracyResult, SweepResults, VariantResult
-from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR
+from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR, SHARED_COSINES
 from qbench.variants.base import lowered_nothing
 
 
@@ -247,6 +247,39 @@ def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[t
             notes.append(f"{reference.key} decides every evaluation row one class on output {output or found[0]!r} "
                          f"(its notes say why): {spec.metric} moves only where a variant carries a score across the "
                          "split, so a pass on it says little about the variant")  # fmt: skip
+    return notes
+
+
+def cosine_without_room(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """A note per backend where the gate metric is cosine and FP32's vectors share so much of one direction
+    (SHARED_COSINES, over every evaluation row) that a variant answering another row's vector would drop it by no
+    more than a tolerance: the check cannot tell a variant confusing rows from FP32. A small Whisper encoder's
+    mean-pooled vectors share 0.99987, so under max_drop 0.01 an INT8 build keeping 72 % of what tells rows apart
+    (nearest-neighbour agreement 0.54) passed on a drop of 1.8e-05 with no word said. A note, not an error: the
+    figures are sound; what the tolerance judges is said with the verdict."""
+    output, _, figure = spec.metric.rpartition(OUTPUT_SEPARATOR)
+    if figure != "cosine":
+        return []
+    notes = []
+    for reference in _references(results, pairs):
+        shared = reference.params.get(SHARED_COSINES) or {}  # output -> a number or null (results_fields)
+        value = shared.get(output) if output else next(iter(shared.values())) if len(shared) == 1 else None
+        if value is None or not math.isfinite(value):
+            continue
+        room = 1.0 - value
+        try:
+            tolerances = reference_tolerances(reference, spec)
+        except QbenchError:
+            continue  # unformed: the gate's problems say why
+        loose = [f"max_drop {tolerances.max_drop:.4g}"] if tolerances.max_drop >= room else []
+        if tolerances.slice_drops is None and tolerances.max_slice_drop >= room:
+            loose.append(f"max_slice_drop {tolerances.max_slice_drop:.4g}")
+        if loose:
+            notes.append(f"{reference.key}'s vectors{f' on output {output!r}' if output else ''} share a cosine of "
+                         f"{value:.6g} across the evaluation rows: a variant answering another row's vector scores "
+                         f"about that, a drop of {room:.2g}, within {' and '.join(loose)}, so {spec.metric} cannot "
+                         "tell a variant confusing rows from FP32; gate on nn_agreement, or state tolerances below "
+                         f"{room:.2g}")  # fmt: skip
     return notes
 
 

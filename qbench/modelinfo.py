@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 OutputKind = Literal["tensor", "map", "other"]
 _COPY_OPS = ("Identity", "Cast")
+# ONNX-ML regressors and the attribute stating how many values each row gets (their schemas: Y is [N, that many])
+_TARGET_COUNTS = {"TreeEnsembleRegressor": "n_targets", "TreeEnsemble": "n_targets", "LinearRegressor": "targets"}
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,9 @@ def read_model_info(path: Path) -> ModelInfo:
     outputs = {}
     for value in model.graph.output:
         meta = _meta(value, producers.get(value.name))
+        targets = _stated_targets(value.name, producers)
+        if targets is not None and meta.kind == "tensor" and len(meta.shape) == 2 and meta.shape[1] != targets:
+            meta = dataclasses.replace(meta, shape=(meta.shape[0], targets), dim_names=(meta.dim_names[0], None))
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name),
                                        lowest_wins=value.name in facts.lowest_wins,
@@ -175,6 +180,19 @@ def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:
     return {v.name for v in inferred.graph.output if v.name in declared and v.type.tensor_type.HasField("shape")
             and tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
             == declared[v.name]}  # fmt: skip
+
+
+def _stated_targets(name: str, producers: Mapping[str, onnx.NodeProto]) -> int | None:
+    """How many values per row the ONNX-ML regressor computing output `name` (directly or through Identity/Cast)
+    states in its attributes, None where no such node does. Its operator returns that many whatever the output's
+    declaration says: skl2onnx declares a two-target RandomForestRegressor's output [None, 1] (ONNX Runtime warns
+    and returns 2 values per row), and labels of 2 targets were refused as not fitting it."""
+    node = producers.get(name)
+    while node is not None and node.op_type in _COPY_OPS and node.input:
+        node = producers.get(node.input[0])
+    attribute = _TARGET_COUNTS.get(node.op_type) if node is not None and node.domain == "ai.onnx.ml" else None
+    found = [a.i for a in node.attribute if a.name == attribute] if node is not None and attribute else []
+    return int(found[0]) if found and found[0] > 0 else None
 
 
 def _read_as_positions(meta: TensorMeta, table: tuple[int | str, ...] | None) -> bool:

@@ -52,6 +52,7 @@ READ_PARAMS: dict[str, Any] = {
     "integer_kernels_of": str, "identical_to": str, "search.chosen_on": str,  # the gate's "computes in FP32" and
     "runtime.kernels": str, "runtime.graph_optimization_level": str,  # selection notes; the report's kernels, options
     "one_class_outputs": list[str],  # the gate's note on FP32 deciding one class (gate_notes.one_class_reference)
+    "shared_cosines": dict[str, float],  # the gate's note on a cosine tolerance confused rows keep within
 }  # fmt: skip
 
 

@@ -102,3 +102,66 @@ def test_a_pick_chosen_on_selection_rows_that_copy_evaluation_inputs_says_so(sha
                 "what evaluation rows feed it (the same inputs in both files, or twice in the table): the choice saw "
                 "inputs that judge it, its pass may be optimistic"]
     assert [n for n in report.notes if "selection rows of which" in n] == (expected if shared else [])
+
+
+def _pooled_encoder(common: float) -> bytes:
+    """x (rows, 8) → y (rows, 16) = relu(x W1) W2 + `common` on every dimension: a large `common` is the one direction
+    mean-pooled encoder vectors share (a small Whisper encoder's: a cosine of 0.99987 between any two rows)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = {"w1": rng.normal(size=(8, 32)) / np.sqrt(8), "w2": rng.normal(size=(32, 16)) / np.sqrt(32),
+               "common": np.full((1, 16), common)}  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["s"]), helper.make_node("Add", ["s", "common"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 16])],
+                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_a_cosine_tolerance_wider_than_what_tells_the_rows_apart_is_noted(tmp_path, monkeypatch):
+    """Vectors sharing one dominant direction: FP32's rows share a cosine near 1 (|mean unit vector|^2, by hand
+    over onnxruntime's outputs), so a variant answering another row's vector drops cosine by about 1 - it, far
+    under max_drop 0.01: the check could not fail, and the gate passed with no word. The sweep now records the
+    shared cosine in FP32's params and the gate says so with its pass; tolerances below that room get no note."""
+    import glob
+
+    import onnxruntime as ort
+    import pandas as pd
+    import yaml
+    from user_model import swept_breaches
+
+    from qbench.validate.catalogue import SHARED_COSINES
+
+    (tmp_path / "pooled.onnx").write_bytes(_pooled_encoder(40.0))
+    x = np.random.default_rng(1).normal(size=(400, 8)).astype(np.float32)
+    pd.DataFrame({"x": list(x), "part": np.where(x[:, 0] > 0, "high", "low"), "split": ["calib"] * 100 + ["eval"] * 300}
+                 ).to_parquet(tmp_path / "rows.parquet")  # fmt: skip
+    recipe = {"name": "pooled", "task": "embedding", "model": {"path": "pooled.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "slices": [{"by": "part"}],
+                       "calibration": {"filter": {"split": "calib"}, "samples": 100, "seed": 0},
+                       "evaluation": {"filter": {"split": "eval"}}},
+              "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
+              "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2, "threads": 1},
+              "gate": {"metric": "cosine", "max_drop": 0.01, "max_slice_drop": 0.02, "unresolved": "note"}}  # fmt: skip
+    (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
+    assert swept_breaches(tmp_path / "qbench.yaml") == (EXIT_PASS, [])
+
+    fp32 = ort.InferenceSession(_pooled_encoder(40.0), providers=["CPUExecutionProvider"]).run(None, {"x": x[100:]})[0]
+    units = np.mean(fp32 / np.linalg.norm(fp32, axis=1, keepdims=True), axis=0, dtype=np.float64)
+    [path] = glob.glob(str(tmp_path / "reports" / "**" / "results.json"), recursive=True)
+    results = from_dict(json.loads(open(path).read()))
+    shared = results.find("fp32", "onnxruntime-cpu").params[SHARED_COSINES]
+    assert shared == {"y": pytest.approx(float(units @ units), abs=1e-7)} and 0.999 < shared["y"] < 0.9999
+    report = evaluate_gate(results, GateSpec(metric="cosine", max_drop=0.01, max_slice_drop=0.02, unresolved="note"))
+    room = 1 - shared["y"]
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "share a cosine" in n] == [
+        f"fp32@onnxruntime-cpu's vectors share a cosine of {shared['y']:.6g} across the evaluation rows: a variant "
+        f"answering another row's vector scores about that, a drop of {room:.2g}, within max_drop 0.01 and "
+        "max_slice_drop 0.02, so cosine cannot tell a variant confusing rows from FP32; gate on nn_agreement, or "
+        f"state tolerances below {room:.2g}"]
+    tight = GateSpec(metric="cosine", max_drop=room / 2, max_slice_drop=room / 2, unresolved="note")
+    assert not [n for n in evaluate_gate(results, tight).notes if "share a cosine" in n]

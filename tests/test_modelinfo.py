@@ -336,3 +336,49 @@ def test_an_input_with_no_row_axis_is_shared_by_the_batch() -> None:
     assert shared == ["t", "scale", "proj"]
     fixed = inputs(x=(8, 6), weights=(8,), proj=(6, 3))
     assert not any(shared_by_batch(meta, fixed) for meta in fixed.values())
+
+
+@pytest.mark.parametrize("declared", [[None, 1], [None, None]])
+def test_an_onnx_ml_regressor_s_stated_targets_are_its_output_width(tmp_path: Path, declared: list) -> None:
+    """A LinearRegressor of targets=2 (read through a Cast) declared [None, 1], as skl2onnx declares a two-target
+    forest: ONNX Runtime returns 2 values per row, and labels of 2 targets were refused ('2 targets per row, but output
+    'y' has shape [None, 1]'); its width is now the attribute's, and the labels fit."""
+    from qbench.tasks import get_task
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, declared)
+    nodes = [helper.make_node("LinearRegressor", ["x"], ["raw"], domain="ai.onnx.ml", targets=2,
+                              coefficients=[1.0, 0.0, 0.0, 0.0, 1.0, 0.0], intercepts=[0.5, -0.5]),
+             helper.make_node("Cast", ["raw"], ["y"], to=TensorProto.FLOAT)]  # fmt: skip
+    path = _save(tmp_path, nodes, [x], [y], ml=True)
+    meta = read_model_info(path).outputs["y"]
+    assert meta.shape == (None, 2)
+    import onnxruntime as ort
+
+    ran = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": np.eye(3, dtype=np.float32)})
+    assert ran[0].shape == (3, 2)
+    get_task("regression").check_labels(np.zeros((3, 2)), meta, np.arange(3))  # raised LabelError before
+
+
+def test_a_two_target_forest_from_skl2onnx_validates_with_its_two_label_columns(tmp_path: Path) -> None:
+    """skl2onnx's RandomForestRegressor on two targets: `qbench validate` refused the recipe (exit 2), now passes."""
+    pytest.importorskip("sklearn")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    import pandas as pd
+    import yaml
+    from sklearn.ensemble import RandomForestRegressor
+
+    from qbench.cli_app import main
+
+    rng = np.random.default_rng(0)
+    features = rng.normal(size=(200, 4)).astype(np.float32)
+    targets = np.stack([features[:, 0] * 2, np.abs(features[:, 1])], axis=1).astype(np.float32)
+    forest = RandomForestRegressor(n_estimators=5, max_depth=4, random_state=0).fit(features, targets)
+    onnx.save(skl2onnx.to_onnx(forest, features[:1], target_opset=17), str(tmp_path / "forest.onnx"))
+    pd.DataFrame({"x": list(features), "y": list(targets)}).to_parquet(tmp_path / "rows.parquet")
+    recipe = {"name": "forest", "task": "regression", "model": {"path": "forest.onnx"},
+              "data": {"path": "rows.parquet", "inputs": {"x": "X"}, "label": "y"},
+              "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"]}  # fmt: skip
+    (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
+    assert read_model_info(tmp_path / "forest.onnx").outputs["variable"].shape == (None, 2)
+    assert main(["validate", str(tmp_path / "qbench.yaml")]) == 0

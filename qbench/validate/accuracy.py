@@ -23,6 +23,7 @@ from qbench.tasks.base import SEQUENCE_IDS, MetricError, RowSummary, Task
 from qbench.validate import catalogue, metrics
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
 from qbench.validate.float_range import FloatFormat, beyond_format_note, float_format
+from qbench.validate.kept import shared_cosine
 from qbench.validate.outputs import VARIABLE_SHAPE, row_count, run_outputs
 
 OVERALL = "overall"
@@ -430,6 +431,18 @@ def run_batched(
 ) -> np.ndarray:
     """Run every row through `runner` in batches of `batch_size`; output `output_index`, concatenated."""
     return run_outputs(runner, feeds, batch_size, {"": output_index}, description)[""]
+
+
+def shared_cosines(task: str, reference_outputs: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Output name -> the cosine FP32's vectors share across the evaluation rows (kept.shared_cosine), for a task
+    scoring cosines with FP32 (embedding); finite values only. A variant answering another row's FP32 vector scores
+    about that cosine, so 1 minus it is the most a cosine can drop before it tells rows apart: mean-pooled vectors
+    sharing one dominant direction (a small Whisper encoder's: 0.99987) leave a cosine tolerance of 0.01 nothing to
+    judge (qbench.gate_notes.cosine_without_room)."""
+    if "cosine" not in {info.name for info in get_task(task).metric_infos}:
+        return {}
+    shared = {name: shared_cosine(np.asarray(values)) for name, values in reference_outputs.items()}
+    return {name: value for name, value in shared.items() if math.isfinite(value)}
 
 
 __all__ = ["OVERALL", "evaluate_accuracy", "row_count", "run_batched", "run_outputs", "scale_doubts", "with_drops"]

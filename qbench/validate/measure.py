@@ -45,6 +45,7 @@ from qbench.validate.accuracy import (
     run_outputs,
     scale_doubts,
     scale_notes,
+    shared_cosines,
     with_drops,
 )
 from qbench.validate.background import settle_before_timing
@@ -57,7 +58,7 @@ from qbench.validate.batch_mix import (
     worst_scopes,
 )
 from qbench.validate.bound import lookup_table_bytes
-from qbench.validate.catalogue import ONE_CLASS_OUTPUTS
+from qbench.validate.catalogue import ONE_CLASS_OUTPUTS, SHARED_COSINES
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
@@ -257,7 +258,7 @@ def measure(
     finally:
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
-    accuracy, nsr, scale_read, one_class, chance, beyond, mixed_note = None, math.nan, [], {}, [], [], None
+    accuracy, nsr, scale_read, one_class, shared, chance, beyond, mixed_note = None, math.nan, [], {}, {}, [], [], None
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
@@ -270,6 +271,7 @@ def measure(
             for reading in () if quiet else one_class.values():
                 logger.warning("%s: %s", label, reading)
             scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values()]
+            shared = shared_cosines(recipe.task, outputs)
         options = {"probabilities": scales, "task_options": recipe.task_options,
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
                    "cuts": {c.name: metrics.BinaryCut(*c.meta.decision_cut) for c in prepared.outputs
@@ -309,7 +311,8 @@ def measure(
     result = VariantResult(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
-                **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {})}, model_path=ran["model_path"],
+                **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {}),
+                **({SHARED_COSINES: shared} if shared else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
         notes=(*built.notes, *([mixed_note] if mixed_note else []), *ran["notes"], *scale_read, *chance, *beyond,
                *_raised_notes(accuracy),

@@ -99,6 +99,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     with build_step(spec.name, "checking the FP32 model's values against FP16's range"):
         in_range = out_of_fp16_range(model, types, ctx.calibration, skip=kept.names, whole=ctx.fixed_batch is not None)
         kept = with_data_movement_between_kept(model, KeptNodes({**kept.reasons, **in_range.nodes}), types)
+        narrowed = narrowed_nodes(model, kept, types)
     params: dict[str, Any] = {
         "converter": "onnxruntime.transformers.float16",
         "keep_io_types": True,
@@ -106,7 +107,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         "max_finite_val": FP16_MAX_FINITE,
         "blocked_op_types": kept.op_types(model),
         "kept_fp32_nodes": len(kept.reasons),
-        "converted_nodes": len(narrowed_nodes(model, kept, types)),
+        "converted_nodes": len(narrowed),
         **in_range.params(),
     }
     lowered_params, lowered_note = partly_lowered(model, kept, types, "FP16")
@@ -117,7 +118,7 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         built = unchanged_variant(spec.name, "fp16", ctx, why, params, clock.seconds())
         return dataclasses.replace(built, notes=(*built.notes, *range_note))
     kept_text = kept.described(model)
-    fused_note = _fused_rounding_note(model, set(kept.names), "FP16")
+    fused_note = _fused_rounding_note(model, set(narrowed), "FP16")
     kept = _float32_copies_for_kept(model, kept, types)
     too_large, too_small = _values_outside_fp16(model, set(kept.names))
     clamped = too_large + too_small
@@ -408,7 +409,9 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params["kept_fp32_op_types"] = kept.op_types(model)
         lowered_params, lowered_note = partly_lowered(model, kept, types, "BF16")
         params.update(lowered_params)
-    if not narrowed_nodes(model, kept, types):
+        narrowed = narrowed_nodes(model, kept, types)
+        fused_note = _fused_rounding_note(model, set(narrowed), "BF16")
+    if not narrowed:
         why = _nothing_to_lower("round to BF16", params["kept_fp32_op_types"], model)
         return unchanged_variant(spec.name, "bf16", ctx, why, params, clock.seconds())
     with build_step(spec.name, "BF16 simulation"):
@@ -423,7 +426,7 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         check_model_against(model, ctx.reference_path.resolve())
         save_model(model, target)
     kept_note = [f"kept in FP32: {kept_text}", *lowered_note] if kept.reasons else []
-    kept_note += _fused_rounding_note(model, set(kept.names), "BF16")
+    kept_note += fused_note
     if saturated:
         kept_note.append(f"{saturated} constant value(s) beyond BF16's range (float32's extremes, as a mask fill) "
                          f"saturated to ±{BF16_MAX_FINITE:.4g}, not rounded to inf")
@@ -439,8 +442,10 @@ def build_bf16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     )
 
 
-def _fused_rounding_note(model: onnx.ModelProto, kept: set[str], precision: str) -> list[str]:
-    """A note naming the lowered operators outside the standard ONNX domains: ONNX Runtime's fused contrib operators
+def _fused_rounding_note(model: onnx.ModelProto, narrowed: set[str], precision: str) -> list[str]:
+    """A note naming the lowered operators outside the standard ONNX domains (`narrowed`: the nodes the build lowers,
+    float_support.narrowed_nodes: a contrib operator reading and writing no float tensor, such as the string Tokenizer
+    skl2onnx writes, has nothing to round and is not named): ONNX Runtime's fused contrib operators
     (com.microsoft Attention, SkipLayerNormalization, BiasGelu... that its transformer optimizer writes) stand for
     several ops whose intermediate tensors (Attention's Q, K, V and scores, the residual sum before a layer norm) a
     rounding graph cannot reach, so it rounds only what such an operator reads and writes: it rounds less than an
@@ -448,7 +453,7 @@ def _fused_rounding_note(model: onnx.ModelProto, kept: set[str], precision: str)
     such a graph; FP16 converts them (as ONNX Runtime's float16 converter does) and is such a graph where scored by
     its emulation (a backend without FP16 kernels: ONNX Runtime's CPU)."""
     fused = Counter(f"{node.op_type} ({node.domain})" for node in model.graph.node
-                    if node.name not in kept and node.domain not in ("", "ai.onnx", "ai.onnx.ml"))  # fmt: skip
+                    if node.name in narrowed and node.domain not in ("", "ai.onnx", "ai.onnx.ml"))  # fmt: skip
     if not fused:
         return []
     listed = ", ".join(f"{count} {op}" for op, count in sorted(fused.items()))

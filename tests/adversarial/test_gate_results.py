@@ -427,6 +427,8 @@ CASES = [
     pytest.param(edited(on_variant(INT8, params=[])), 2, "params: got [], expected a JSON object", id="params-not-an-object"),
     pytest.param(edited(params_of("fp32", one_class_outputs="probabilities")), 2,
                  "params.one_class_outputs: got 'probabilities', expected a list of strings", id="params-names-as-text"),  # fmt: skip
+    pytest.param(edited(params_of("fp32", shared_cosines={"probabilities": "0.99"})), 2,
+                 "params.shared_cosines.probabilities: got '0.99', expected a number or null", id="params-number-as-text"),  # fmt: skip
     pytest.param(edited(params_of(INT8, quantized_nodes=0)), 0, f"{INT8}@{BACKEND} computes in fp32", id="params-count-zero"),
     # values no scope could hold: the metric's range, a share that is no whole number of the scope's rows
     pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),

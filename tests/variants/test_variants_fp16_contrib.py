@@ -177,3 +177,36 @@ def test_an_onnx_runtime_that_lists_no_schemas_leaves_its_contrib_operators_fp32
     built = build_fp16(VariantSpec(name="fp16", precision="fp16"), context)
     assert built.params["blocked_op_types"] == ["Gelu"] and built.params["lowered_op_types"] == {"MatMul": 1}
     assert "no schema for this operator in ONNX or the installed ONNX Runtime" in " ".join(built.notes)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_contrib_operator_without_float_values_is_not_called_rounded(tmp_path, precision):
+    """A com.microsoft operator that reads and writes no float tensor (the Tokenizer skl2onnx writes in front of a
+    TfidfVectorizer, strings in and out) holds nothing FP16 or BF16 could round: the note on fused operators, whose
+    insides the rounding graph cannot reach, does not name it (it said '1 Tokenizer (com.microsoft): converted to
+    FP16 ... the figures may be closer to FP32 than FP16's' beside a MatMul that was converted)."""
+    from onnx import helper, numpy_helper
+
+    from qbench.variants.fp16 import build_bf16
+
+    rng = np.random.default_rng(4)
+    x, weight = rng.normal(size=(4, 8)).astype(np.float32), rng.normal(size=(8, 3)).astype(np.float32)
+    text = np.array(["a b", "c d e", "f", "g h"], dtype=object).reshape(4, 1)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="matmul"),
+             helper.make_node("Tokenizer", ["text"], ["tokens"], name="tokenizer", domain="com.microsoft", mark=0,
+                              mincharnum=1, pad_value="#", separators=[" "])]  # fmt: skip
+    graph = helper.make_graph(nodes, "strings", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+                                                 helper.make_tensor_value_info("text", TensorProto.STRING, ["N", 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
+                               helper.make_tensor_value_info("tokens", TensorProto.STRING, None)],
+                              [numpy_helper.from_array(weight, "w")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(model, str(tmp_path / "strings.onnx"))
+    feeds = {"x": x, "text": text}
+    context = BuildContext(reference_path=tmp_path / "strings.onnx", workdir=tmp_path / "w", calibration=[feeds])
+    build = build_fp16 if precision == "fp16" else build_bf16
+    built = build(VariantSpec(name=precision, precision=precision), context)
+    assert built.params["lowered_op_types"] == {"MatMul": 1}
+    assert not any("Tokenizer" in note for note in built.notes), built.notes
+    tokens = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"]).run(["tokens"], feeds)[0]
+    assert tokens[1, 0].tolist() == ["c", "d", "e"]
