@@ -2,7 +2,7 @@
 
     search:
       name: int8-search          # the variant the search's choice becomes (gated like any variant)
-      time_budget_s: 120         # no new step starts after this (a started one runs to its end)
+      time_budget_s: 120         # the search ends within this (a step starts only if predicted to end in it)
       techniques: null           # which families to try; default: all (see qbench.search.candidates)
       alphas: [auto]             # SmoothQuant migration strengths tried (a number in [0, 1] or auto)
       max_keep_float: 8          # most nodes a keep-float candidate leaves in floating point
@@ -33,7 +33,10 @@ class SearchSpec(BaseModel):
     name: Name = Field("int8-search", description="the searched variant's name")
     time_budget_s: float = Field(
         120.0, gt=0, allow_inf_nan=False,
-        description="seconds after which no new step starts (a started one runs to its end)",
+        description=("seconds the search ends within: a step starts only when predicted, from what the search "
+                     "measured so far, to end within them, leaving room for the finalists' re-timing and the pick's "
+                     "evaluation (a step outrunning its prediction, and those the search's rules require, may end "
+                     "past them: its report says so)"),
     )
     techniques: list[Literal["ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static"]] | None = Field(
         None, min_length=1, description="families of candidates to try; default: all"

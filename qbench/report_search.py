@@ -91,7 +91,7 @@ def search_summary(report: SearchReport, results: SweepResults) -> list[str]:
     else:
         lines.append("No candidate could be built or measured.")
     if report.budget_exhausted:
-        lines.append("The time budget was spent before every step ran (see the candidates not tried).")
+        lines.append("The time budget left steps out (see the candidates not tried or not evaluated).")
     lines += sweep_timing(results, report)
     fp32 = ", ".join(f"{b} {v:.2f} ms" for b, v in report.fp32_p50_ms.items())
     lines += [f"FP32 p50 under the same quick timing: {fp32}." if fp32 else "", *report.notes]

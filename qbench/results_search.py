@@ -4,7 +4,7 @@
       variant, metric, max_drop, max_slice_drop   the searched variant and the gate it was searched against
       tolerance_basis                             how those were formed as shares of FP32's figure ('' when absolute
                                                   as the recipe states: qbench.gate_tolerance)
-      time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether candidates were left
+      time_budget_s, seconds, budget_exhausted    the recipe's budget, the time spent, whether steps were left out
       outcome                                     "passed" | "unresolved" (the pick passed on too few selection rows
                                                   to resolve the tolerance, which `gate.unresolved: fail` counts as no
                                                   pass) | "unreachable" | "nothing built" (no candidate ran)

@@ -4,7 +4,6 @@ search's name: functions of the figures and files qbench.search.run hands them."
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 
 from qbench.gate_resolution import PASS_UNRESOLVED
@@ -29,21 +28,6 @@ def method_note(*, screened: int, rows: int, on_selection: bool, timing_runs: in
             f"from {timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
             f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
             f"{tie:.0%} of a faster passing one were still evaluated; {retimed})")  # fmt: skip
-
-
-def overrun_note(steps: Sequence[tuple[float, str]], seconds: float, budget: float) -> tuple[str, ...]:
-    """What ran past the time budget `budget`, when the search took longer (`seconds`): the last of `steps` (seconds
-    into the search, what) started before the budget ran out, which the budget does not stop (it stops new steps), and
-    those its rules start after it (candidates until one is measured, the finalists' first re-timing rounds, the
-    closest's evaluation). Before, a search past its budget said nothing of it: the MiniLM demo's took 69 s of a 60 s
-    budget, its report saying only that no candidate was left untried."""
-    if seconds <= budget:
-        return ()
-    began = [f"{what}, started at {at:.1f} s, ran to its end" for at, what in steps if at < budget][-1:]
-    late = [what for at, what in steps if at >= budget]
-    past = [*began, *([f"then past it: {'; '.join(late)}"] if late else [])]
-    return (f"the search took {seconds:.1f} s, {seconds - budget:.1f} s past its {budget:g} s time budget (it stops "
-            f"new steps, not one already started): {'; '.join(past)}",)  # fmt: skip
 
 
 def kept_pick(built: BuiltVariant, record: CandidateRecord, *, name: str, root: Path, passed: bool, on_selection: bool,

@@ -21,10 +21,9 @@ A candidate in which no node computes in INT8 (BuiltVariant.lowered_nothing: not
 node kept float) is "not applicable": never measured, it can neither pass nor be kept. Only files of the search's own
 folder are moved or removed.
 
-No new step starts once `time_budget_s` is spent (but candidates run until one is measured, and the passing candidates'
-first re-timing rounds: a pick's speed-up is never its one screening estimate); a step started before runs to its end,
-and a search that ends past its budget says so in its notes (`overrun_note`). Every candidate's figures and verdict
-are in the returned `SearchReport` (results.json `search`, the report and MLflow).
+`time_budget_s` bounds when the search ends: a step starts only when predicted from this search's own measurements to
+end within it, leaving room for what must follow (qbench.search.budget). Every candidate's figures and verdict are in
+the returned `SearchReport` (results.json `search`, the report and MLflow).
 """
 
 from __future__ import annotations
@@ -51,10 +50,11 @@ from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
+from qbench.search.budget import EVALUATE, RANKING, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
-from qbench.search.outcome import kept_pick, method_note, overrun_note
-from qbench.search.ranking import noisiest_first, quantized_names
-from qbench.search.retime import RETIME_ROUNDS, retime_rounds
+from qbench.search.outcome import kept_pick, method_note
+from qbench.search.ranking import quantized_names, ranked_nodes
+from qbench.search.retime import retime_rounds
 from qbench.search.screen import (
     gate_excess,
     overall_drop,
@@ -89,7 +89,8 @@ class _Search:
     def __init__(self, prepared: Prepared, backend: Backend, fp32: Measured, spec: SearchSpec, workdir: Path,
                  clock: PhaseClock | None, now: Callable[[], float]) -> None:  # fmt: skip
         self.prepared, self.backend, self.fp32, self.spec, self.clock, self.now = prepared, backend, fp32, spec, clock, now
-        self.started = now()
+        self.budget = Budget(spec.time_budget_s, now, spec.finalists)
+        self.budget.start("measuring FP32 on the rows candidates are judged on", None, forced=True)
         self.root = workdir.resolve() / f"{spec.name}.search"
         self.ctx = BuildContext(prepared.source.onnx_path, self.root, prepared.calibration_batches,
                                 fixed_batch=prepared.batch)
@@ -104,14 +105,14 @@ class _Search:
         self.built: dict[int, BuiltVariant] = {}
         self.reference_digest = graph_digest(prepared.source.onnx_path)
         self.digests: dict[str, int] = {}  # built graph → the first candidate that built it
-        self.budget_exhausted = False
         self.keep_float_exhausted = False
         self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
-        self.retimed_late = False  # re-timed though the time budget was spent
-        self.steps = [(0.0, "measuring FP32 on the rows candidates are judged on")]  # (seconds in, what) per step
+        self.retimed_late = False  # re-timing ended past the time budget
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
+        fp32_selection_s, began = None, now()
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
             self.fp32 = measure(backend, self.fp32_built, prepared, rows=selection, quiet=True, clock=clock)
+            fp32_selection_s = now() - began
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
         # slices the selection rows hold too few of for the gate's rule: judged on the evaluation rows only, and said
@@ -119,27 +120,16 @@ class _Search:
         self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows), small)
         self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
         self.gate = prepared.recipe.gate
+        began = now()
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
                                    clock=clock)  # fmt: skip
+        self.budget.seed(now() - began, fp32_selection_s, self.rows.count / max(self.screen.count, 1))
         self.fp32_p50 = p50s(self.fp32_screen.result)
         self.fp32_timings = [self.fp32_p50]  # FP32's screening timings, the first and one beside each candidate
 
-    # -- budget -----------------------------------------------------------------------------------
-
-    def within_budget(self, what: str) -> bool:
-        """Whether a new step may start: the budget is not spent, or no candidate that could be kept was measured yet
-        (candidates run until one is, so even a tiny budget yields a variant: with only the first allowed, a first
-        candidate that failed to build left every other 'not tried' and the search without a variant)."""
-        if self.now() - self.started < self.spec.time_budget_s or select.closest(self.records) is None:
-            self._start(what)
-            return True
-        if not self.budget_exhausted:
-            logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: {what} and later steps skipped")
-        self.budget_exhausted = True
-        return False
-
-    def _start(self, what: str) -> None:  # a step starts: said by `overrun_note` when the search runs past its budget
-        self.steps.append((self.now() - self.started, what))
+    def refusal(self, what: str, seconds: float, *, evaluating: int | None = None, forced: bool = False) -> str | None:
+        """Why step `what`, predicted to take `seconds`, may not start now (None: it started); Budget.refusal."""
+        return self.budget.refusal(what, seconds, self.records, evaluating=evaluating, forced=forced)
 
     # -- one candidate: build, screen, evaluate -----------------------------------------------------
 
@@ -149,13 +139,15 @@ class _Search:
         self.candidates.append(candidate)
         record = CandidateRecord(candidate.label, candidate.technique, dict(candidate.options), candidate.keep_float)
         self.records.append(record)
-        if not self.within_budget(f"screening {candidate.label}"):
-            self.records[index] = record.with_(stage="skipped", verdict="not tried: time budget spent")
+        predicted = self.budget.screening_cost(candidate.technique)
+        if (why := self.refusal(f"screening {candidate.label}", predicted)) is not None:
+            self.records[index] = record.with_(stage="skipped", verdict=f"not tried: {why}")
             return index
         t = time.perf_counter()
         try:
             ctx = dataclasses.replace(self.ctx, workdir=self.root / str(index))
-            built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
+            with self.budget.timing(build_kind(candidate.technique)):
+                built = build_variant(candidate.spec(f"{self.spec.name}-{index}"), ctx)
         except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
             if write_fault(exc):  # the disk's fault: another candidate would be picked for it
                 raise
@@ -181,15 +173,16 @@ class _Search:
             return index
         self.digests[digest] = index
         self.built[index] = built
-        measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
-                           timing=self.timing, quiet=True, clock=self.clock)  # fmt: skip
-        if measured.result.status != "ok":
-            self.records[index] = record
-            self._failed_to_run(index, measured.result.error)
-            return index
+        with self.budget.timing(SCREEN):
+            measured = measure(self.backend, built, self.prepared, rows=self.screen,
+                               reference=self.fp32_screen.reference, timing=self.timing, quiet=True, clock=self.clock)
+            if measured.result.status != "ok":
+                self.records[index] = record
+                self._failed_to_run(index, measured.result.error)
+                return index
+            p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
-        p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
             speedups=select.per_batch(fp32_p50, p50),
@@ -203,12 +196,17 @@ class _Search:
     def _fp32_p50_now(self) -> dict[int, float]:
         """FP32 timed again right after a candidate, so that each speed-up pairs timings taken under the same machine
         load (on a shared machine, load drifts over a search: one FP32 timing at the start misranked candidates 2×)."""
-        again = measure(self.backend, self.fp32_built, self.prepared, rows=self.screen, timing=self.timing, score=False,
-                        quiet=True, clock=self.clock).result  # fmt: skip
-        p50 = p50s(again)
+        p50 = self._timed(None)
         if p50:
             self.fp32_timings.append(p50)
         return p50 or self.fp32_p50
+
+    def _timed(self, index: int | None) -> dict[int, float]:
+        """FP32 (None) or candidate `index` timed on the screening rows, unscored: its p50s by batch size."""
+        built = self.fp32_built if index is None else self.built[index]
+        with self.budget.timing(TIMED_RUN):
+            return p50s(measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
+                                quiet=True, clock=self.clock).result)  # fmt: skip
 
     def gated_tolerances(self) -> dict[str, Tolerances]:  # each gated metric's (gate.metrics) on the rows chosen on
         return tolerances_by_metric(self.fp32.result, self.gate, self.tolerances)
@@ -227,8 +225,9 @@ class _Search:
         """Run candidate `index` on every selection row (the evaluation rows when there are none) and judge it as
         the gate would."""
         record = self.records[index]
-        measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows,
-                           reference=self.fp32.reference, quiet=True, clock=self.clock)  # fmt: skip
+        with self.budget.timing(EVALUATE):
+            measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows,
+                               reference=self.fp32.reference, quiet=True, clock=self.clock)  # fmt: skip
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
@@ -269,13 +268,22 @@ class _Search:
             if not self.may_win(self.records[index]):
                 self.records[index] = self.records[index].with_(verdict=OUTPACED)
                 continue
-            if self.within_budget(f"evaluating {self.records[index].label}"):
-                self.evaluate(index)
+            self.evaluate_within_budget(index)
+
+    def evaluate_within_budget(self, index: int) -> None:
+        """Evaluate candidate `index` if predicted to end within the budget, else say in its verdict why not."""
+        record = self.records[index]
+        if (why := self.refusal(f"evaluating {record.label}", self.budget.cost(EVALUATE), evaluating=index)) is None:
+            return self.evaluate(index)
+        self.records[index] = record.with_(verdict=f"{record.verdict.split(';')[0]}; not evaluated: {why}")
 
     def reduced_range_twins(self) -> None:
         """The 7-bit-weight twin of each base candidate that ran and did not pass, or not firmly (a base with a firm
-        pass is as fast)."""
+        pass is as fast), the twins of the bases nearest to passing first, then the cheapest to screen (the base's
+        measured build): the budget goes to the likeliest to pass, not to catalogue order."""
         bases = [i for i, r in enumerate(self.records) if r.stage in ("screened", "evaluated") and not r.firm_pass]
+        cost = self.budget.screening_cost
+        bases.sort(key=lambda i: (select.nearness(self.records[i]), cost(self.candidates[i].technique)))
         for base in bases:
             if self.may_win(self.records[base]):
                 self.screen_candidate(self.candidates[base].reduced_range())
@@ -287,7 +295,9 @@ class _Search:
         which two followed timing noise: of three sweeps of one recipe, one rebuilt a candidate that then passed, the
         other two rebuilt two others and reported the gate unreachable."""
         bases = select.keep_float_bases(self.records, self.tie())
-        if not bases or self.spec.max_keep_float == 0 or not self.within_budget("keep-float candidates"):
+        ranking = self.budget.cost(RANKING) or self.budget.cost(SCREEN)  # two models run on the screening rows
+        predicted = ranking + (0.0 if self._static_build() else self.budget.build_cost("ort-static"))
+        if not bases or self.spec.max_keep_float == 0 or self.refusal("keep-float candidates", predicted) is not None:
             return
         ranking, covered = self.sensitivity_ranking()
         for base in bases:
@@ -302,8 +312,10 @@ class _Search:
             for size in sorted({min(2**k, most) for k in range(16)}):
                 index = self.screen_candidate(self.candidates[base].keeping(own[:size]))
                 record = self.records[index]
-                if record.stage == "skipped":
-                    return  # the budget is spent
+                if record.stage == "skipped":  # the budget is spent, or another base's rungs may be cheaper
+                    if self.budget.spent():
+                        return
+                    break
                 if record.stage != "screened":
                     break  # this base cannot be rebuilt that way; the next base may
                 if not self.may_win(record):
@@ -323,19 +335,20 @@ class _Search:
         LSTM model's ORT dynamic candidate, which could keep only its Gemm float) is ranked on its own build."""
         own = quantized_names(self.ctx.reference_path, self.built[base])
         ranked = [name for name in ranking if name in own]
-        if own - covered and self.within_budget("ranking a keep-float base on its own build"):
+        what = "ranking a keep-float base on its own build"
+        if own - covered and self.refusal(what, self.budget.cost(RANKING)) is None:
             ranked = self._ranked(self.built[base], f"ranking-{base}") or ranked
         return ranked, len(own)
 
     def sensitivity_ranking(self) -> tuple[list[str], set[str]]:
         """Quantized nodes, the noisiest first (per-layer SQNR of a static Q/DQ build on the screening rows), and the
         nodes that build quantized (none where it could not be ranked)."""
-        static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
-                       and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
+        static = self._static_build()
         if static is None:
             try:
                 ctx = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
-                static = build_variant(Candidate("ort-static").spec(f"{self.spec.name}-ranking"), ctx)
+                with self.budget.timing(build_kind("ort-static")):
+                    static = build_variant(Candidate("ort-static").spec(f"{self.spec.name}-ranking"), ctx)
             except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
                 if write_fault(exc):
                     raise
@@ -344,31 +357,29 @@ class _Search:
         ranked = self._ranked(static, "ranking-work")
         return ranked, quantized_names(self.ctx.reference_path, static) if ranked else set()
 
+    def _static_build(self) -> BuiltVariant | None:  # an ort-static candidate built without float nodes
+        return next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
+                     and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
+
     def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
         """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""
-        try:
-            ranked = noisiest_first(self.ctx.reference_path, built, self.screen.feeds, self.backend,
-                                    RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
-                                    self.prepared.batch)  # fmt: skip
-        except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
-            if write_fault(exc):
-                raise
-            logger.warning(f"  no sensitivity ranking of {built.name}: {describe_error(exc)}")
-            return []
-        logger.info(f"  sensitivity of {built.name} (added noise, SQNR): {', '.join(ranked[:4])}"
-                    f"{' ...' if len(ranked) > 4 else ''}")  # fmt: skip
-        return ranked
+        with self.budget.timing(RANKING):
+            return ranked_nodes(self.ctx.reference_path, built, self.screen.feeds, self.backend,
+                                RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
+                                self.prepared.batch)  # fmt: skip
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from
-        every selection row, not the screening rows: an unevaluated closest is evaluated (past the budget too: it
-        becomes the variant), which may show it passes, or move the closest to another, at most CLOSEST_EVALUATIONS
-        times."""
-        for _ in range(CLOSEST_EVALUATIONS):
+        every selection row, not the screening rows: an unevaluated closest is evaluated (the first past the budget
+        too: it becomes the variant, and the budget kept room for it), which may show it passes, or move the closest to
+        another, evaluated while predicted to end within the budget, at most CLOSEST_EVALUATIONS times."""
+        for attempt in range(CLOSEST_EVALUATIONS):
             pick = select.closest(self.records) if select.choose(self.records) is None else None
             if pick is None or self.records[pick].evaluated or pick not in self.built:
                 return
-            self._start(f"evaluating {self.records[pick].label} (the closest)")
+            what = f"evaluating {self.records[pick].label} (the closest)"
+            if self.refusal(what, self.budget.cost(EVALUATE), evaluating=pick, forced=attempt == 0) is not None:
+                return
             self.evaluate(pick)
 
     def retime_finalists(self) -> None:
@@ -381,23 +392,11 @@ class _Search:
         finalists = passing[: self.spec.finalists]
         if not finalists:
             return
-        if self.now() - self.started >= self.spec.time_budget_s:  # no room for more than RETIME_ROUNDS (retime_rounds)
-            self.budget_exhausted = self.retimed_late = True
-            logger.warning(f"  time budget of {self.spec.time_budget_s:g} s spent: the passing candidates are re-timed "
-                           f"anyway, {RETIME_ROUNDS} rounds beside FP32, so that the pick does not rest on one screening "
-                           "estimate")  # fmt: skip
-        self._start("re-timing the finalists beside FP32")
-
-        def time_one(index: int | None) -> dict[int, float]:
-            built = self.fp32_built if index is None else self.built[index]
-            return p50s(measure(self.backend, built, self.prepared, rows=self.screen, timing=self.timing, score=False,
-                                 quiet=True, clock=self.clock).result)  # fmt: skip
-
-        def room(seconds: float) -> bool:
-            return self.now() - self.started + seconds <= self.spec.time_budget_s
-
+        self.budget.start_retiming(len(finalists))
         # to the tie `choose` ranks by, not the search's wider noise margin: rounds are what narrows that noise
-        median, self.retime_count = retime_rounds(time_one, finalists, tie=select.TIE, room=room, clock=self.now)
+        median, self.retime_count = retime_rounds(self._timed, finalists, tie=select.TIE, room=self.budget.room,
+                                                  clock=self.now)  # fmt: skip
+        self.retimed_late = self.budget.spent()  # a second re-timing starts only while the budget lasts
         for index in finalists:
             p50 = median[index]
             self.records[index] = self.records[index].with_(
@@ -413,15 +412,16 @@ class _Search:
         outpaced = [i for i, r in enumerate(self.records) if r.verdict == OUTPACED and r.stage == "screened"]
         revived = [i for i in sorted(outpaced, key=lambda i: -(self.records[i].speedup or 0)) if self.may_win(self.records[i])]
         for index in revived:
-            if self.may_win(self.records[index]) and self.within_budget(f"evaluating {self.records[index].label}"):
-                self.evaluate(index)
+            if self.may_win(self.records[index]):
+                self.evaluate_within_budget(index)
         if any(self.records[i].passed for i in revived):
             self.retime_finalists()
 
     def finish(self) -> SearchOutcome:
         chosen = select.choose(self.records)
         thin = chosen is not None and not self.records[chosen].resolved_pass
-        notes = (self._unresolved_note(self.records[chosen]),) if chosen is not None and thin else ()
+        thin_pick = self.records[chosen] if chosen is not None and thin else None  # why its pass is weak evidence:
+        notes = (unresolved_pick(thin_pick.label, thin_pick.unresolved, self.gate.unresolved),) if thin_pick else ()
         pick = chosen if chosen is not None else select.closest(self.records)
         if thin and self.gate.unresolved == "fail":  # as the gate: a pass on too few rows is no pass
             chosen = None
@@ -429,10 +429,9 @@ class _Search:
         if chosen is None and pick is not None and needed is None:
             needed = select.needed(self.records[pick], self.tolerances.max_drop,
                                    self.tolerances.on_slice(self.records[pick].worst_slice or ""),
-                                   budget_exhausted=self.budget_exhausted,
+                                   budget_exhausted=self.budget.exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
-        seconds = self.now() - self.started
-        overrun = overrun_note(self.steps, seconds, self.spec.time_budget_s)
+        seconds = self.budget.elapsed()
         for index, record in enumerate(self.records):
             if index == pick:
                 closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"
@@ -443,18 +442,14 @@ class _Search:
             max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
             seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
-            budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen), *overrun),
+            budget_exhausted=self.budget.exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
+            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen), *self.budget.overrun_note()),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
         )  # fmt: skip
         built = self._keep(pick, chosen is not None) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)
         return SearchOutcome(built, report)
-
-    def _unresolved_note(self, record: CandidateRecord) -> str:
-        """Why the pick's pass is weak evidence: it rests on too few selection rows, and how many would resolve it."""
-        return unresolved_pick(record.label, record.unresolved, self.gate.unresolved)
 
     def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
         slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
@@ -472,7 +467,7 @@ class _Search:
     def _keep(self, index: int, passed: bool) -> BuiltVariant:
         return kept_pick(self.built[index], self.records[index], name=self.spec.name, root=self.root, passed=passed,
                          on_selection=self.prepared.selection is not None, chosen_on=self.chosen_on, tie=self.tie(),
-                         seconds=self.now() - self.started)  # fmt: skip
+                         seconds=self.budget.elapsed())  # fmt: skip
 
 
 def run_search(

@@ -14,7 +14,8 @@
   resolved on the selection rows before any unresolved one (`passing`, qbench.gate_resolution: the rule
   `calibrator: auto` and `fallback:` choose by too).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
-- `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take.
+- `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take; `nearness`: the
+  excess a candidate is judged by (its full evaluation's, else its screening's).
 - `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise, at every batch size or
   at some (INT8 may not pay off on a backend).
 - `why_none`: why a search kept no candidate at all, in words.
@@ -196,7 +197,7 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
     return f"the INT8 search could not build and run any candidate ({reasons or 'none was tried'})"
 
 
-def _nearness(record: CandidateRecord) -> float:
+def nearness(record: CandidateRecord) -> float:
     """The excess a candidate is judged by: its full evaluation's, else its screening's (inf: unmeasured, or any
     drop against a zero tolerance)."""
     value = record.excess if record.excess is not None else record.screen_excess
@@ -212,7 +213,7 @@ def _gap(record: CandidateRecord) -> float:
 
 
 def _measured(record: CandidateRecord) -> bool:
-    return math.isfinite(_nearness(record)) or math.isfinite(_gap(record))
+    return math.isfinite(nearness(record)) or math.isfinite(_gap(record))
 
 
 def closest(records: Sequence[CandidateRecord]) -> int | None:
@@ -221,7 +222,7 @@ def closest(records: Sequence[CandidateRecord]) -> int | None:
     measured = [i for i, r in enumerate(records) if _measured(r)]
     if not measured:
         return None
-    return min(measured, key=lambda i: (_nearness(records[i]), not records[i].evaluated, _gap(records[i]),
+    return min(measured, key=lambda i: (nearness(records[i]), not records[i].evaluated, _gap(records[i]),
                                         -_speed(records[i])))  # fmt: skip
 
 
@@ -236,7 +237,7 @@ def keep_float_bases(records: Sequence[CandidateRecord], tie: float = TIE) -> li
     bar = records[best] if best is not None else None
     bases = [i for i, r in enumerate(records)
              if not r.keep_float and not r.firm_pass and _measured(r) and may_win(r, bar, tie)]  # fmt: skip
-    return sorted(bases, key=lambda i: (-_speed(records[i]), _nearness(records[i]), _gap(records[i])))
+    return sorted(bases, key=lambda i: (-_speed(records[i]), nearness(records[i]), _gap(records[i])))
 
 
 def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, budget_exhausted: bool,

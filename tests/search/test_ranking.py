@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
 from qbench.search import run as search_run
+from qbench.search.budget import Budget
 from qbench.search.candidates import Candidate
 from qbench.variants import BuildContext, build_variant
 
@@ -48,9 +49,10 @@ def test_a_dynamic_base_that_quantizes_an_lstm_can_keep_the_lstm_float(tmp_path)
     search.ctx, search.built, search.root = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: base}, tmp_path
     search.backend, search.screen = get_backend("onnxruntime-cpu"), SimpleNamespace(feeds=feeds)
     search.prepared = SimpleNamespace(recipe=SimpleNamespace(latency=SimpleNamespace(threads=1)), batch=None)
-    search.within_budget = lambda what: False  # the budget spent: no measuring past it, the static ranking's part
+    search.budget = Budget(60, lambda: 0.0, 3)
+    search.refusal = lambda what, seconds, **_: "time budget spent"  # no measuring past it, the static ranking's part
     assert search.base_ranking(0, ["head"], {"head"}) == (["head"], 2)
-    search.within_budget = lambda what: True
+    search.refusal = lambda what, seconds, **_: None
     ranked, quantized = search.base_ranking(0, ["head"], {"head"})  # what the static build ranks: its one Gemm
     assert quantized == 2 and sorted(ranked) == ["head", "lstm"]
     keeping = build_variant(Candidate("ort-dynamic", keep_float=("lstm",)).spec("kept"), ctx)
@@ -67,7 +69,8 @@ def test_a_base_is_not_measured_again_for_a_node_the_ranked_build_quantized_but_
                                                                                 tmp_path / "build", batches))
     search = object.__new__(search_run._Search)
     search.ctx, search.built = SimpleNamespace(reference_path=tmp_path / "model.onnx"), {0: static}
-    measured, search.within_budget = [], lambda what: True
+    measured, search.refusal = [], lambda what, seconds, **_: None
+    search.budget = Budget(60, lambda: 0.0, 3)
     search._ranked = lambda built, work: measured.append(built.name) or ["head"]
     assert search.base_ranking(0, [], {"head"}) == ([], 1) and measured == []
     assert search.base_ranking(0, [], set()) == (["head"], 1) and measured == ["static"]  # nothing ranked: its own

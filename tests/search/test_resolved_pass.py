@@ -16,6 +16,7 @@ from qbench.report_search import search_rows, search_summary
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results_search import CandidateRecord
 from qbench.search import run, select
+from qbench.search.budget import Budget
 from qbench.validate.measure import Rows
 from qbench.variants import BuiltVariant
 
@@ -49,13 +50,13 @@ def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], Va
     fp32 = result_of("fp32")
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built)))
     search = object.__new__(run._Search)
-    search.steps = []  # the steps started (its __init__, which sets them, is not run)
+    search.budget = Budget(60, lambda: 0.0, 3)  # its __init__, which sets it, is not run
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
                       for label, speed in zip(labels, speeds)]  # fmt: skip
     search.built = dict(enumerate(labels))
     search.gate, search.fp32 = gate, SimpleNamespace(result=fp32, reference="fp32 outputs")
     search.tolerances = reference_tolerances(fp32, gate)
-    search.fp32_timings, search.within_budget = [], lambda what: True
+    search.fp32_timings, search.refusal = [], lambda what, seconds, **_: None
     search.backend = search.prepared = search.clock = None
     search.rows = Rows({}, None, {}, 1, digests)
     return search
@@ -105,8 +106,8 @@ def test_the_rows_that_would_resolve_a_thin_pass_follow_its_spread():
 
 def _finished(search: run._Search, tmp_path):
     search.spec = SimpleNamespace(name="int8-search", time_budget_s=60, finalists=2)
-    search.now, search.started, search.root = (lambda: 1.0), 0.0, tmp_path / "search"
-    search.budget_exhausted = search.keep_float_exhausted = False
+    search.budget, search.root = Budget(60, lambda: 1.0, 2), tmp_path / "search"
+    search.keep_float_exhausted = False
     search.fp32_p50, search.chosen_on = {}, "chosen on the selection rows"
     search.prepared, search.rows = SimpleNamespace(selection=None), SimpleNamespace(count=ROWS)
     search._method_note = lambda: "method"

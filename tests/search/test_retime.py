@@ -8,6 +8,7 @@ import pytest
 
 from qbench.results_search import CandidateRecord
 from qbench.search import select
+from qbench.search.budget import Budget
 from qbench.search.retime import MAX_RETIME_ROUNDS, RETIME_ROUNDS, retime_rounds, settled, uncertainty
 
 # p50 ms per round on a loaded machine: FP32 steady at 2.0; `lucky` (truly as fast as FP32) had three lucky rounds
@@ -96,12 +97,11 @@ def test_the_search_keeps_the_finalist_its_retiming_finds_faster(monkeypatch):
 
     monkeypatch.setattr(run, "measure", fake_measure)
     search = object.__new__(run._Search)
-    search.steps = []  # the steps started (its __init__, which sets them, is not run)
     search.records = [CandidateRecord("lucky", "ort-static", speedup=1.30, passed=True, excess=0.5),
                       CandidateRecord("steady", "ort-dynamic", speedup=1.06, passed=True, excess=0.5)]  # fmt: skip
     search.spec = SimpleNamespace(finalists=3, time_budget_s=75)
-    search.within_budget = lambda what: True
-    search.now, search.started, search.tie = timer.clock, 0.0, (lambda: 0.3)  # screening noise: no looser rounds
+    search.budget = Budget(75, timer.clock, 3)  # its __init__, which sets it, is not run
+    search.now, search.tie = timer.clock, (lambda: 0.3)  # screening noise: no looser rounds
     search.fp32_built, search.built = "fp32", {0: "lucky", 1: "steady"}
     search.backend = search.prepared = search.screen = search.timing = search.clock = None
     search.retime_finalists()
