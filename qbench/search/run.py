@@ -8,7 +8,7 @@
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
    candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
-   ranked by the noise each adds (per-layer SQNR on the screening rows, qbench.search.ranking) and the fastest such
+   ranked by the noise each causes at the outputs on the screening rows (qbench.search.ranking) and the fastest such
    failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
    every node the candidate quantized: that would be the FP32 model), until one passes or could no longer be fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds, more of them while the
@@ -108,6 +108,7 @@ class _Search:
         self.keep_float_exhausted = False
         self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
         self.retimed_late = False  # re-timed though the time budget was spent
+        self.ranking_notes: list[str] = []  # which keep-float ranking each ranked build got (search.ranking)
         self.steps = [(0.0, "measuring FP32 on the rows candidates are judged on")]  # (seconds in, what) per step
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
@@ -328,7 +329,7 @@ class _Search:
         return ranked, len(own)
 
     def sensitivity_ranking(self) -> tuple[list[str], set[str]]:
-        """Quantized nodes, the noisiest first (per-layer SQNR of a static Q/DQ build on the screening rows), and the
+        """Quantized nodes, the noisiest first (of a static Q/DQ build on the screening rows: search.ranking), and the
         nodes that build quantized (none where it could not be ranked)."""
         static = next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
                        and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
@@ -347,17 +348,17 @@ class _Search:
     def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
         """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""
         try:
-            ranked = noisiest_first(self.ctx.reference_path, built, self.screen.feeds, self.backend,
-                                    RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
-                                    self.prepared.batch)  # fmt: skip
+            ranking = noisiest_first(self.ctx.reference_path, built, self.screen.feeds, self.backend,
+                                     RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
+                                     self.prepared.batch, self.spec.time_budget_s - (self.now() - self.started))  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
             if write_fault(exc):
                 raise
             logger.warning(f"  no sensitivity ranking of {built.name}: {describe_error(exc)}")
             return []
-        logger.info(f"  sensitivity of {built.name} (added noise, SQNR): {', '.join(ranked[:4])}"
-                    f"{' ...' if len(ranked) > 4 else ''}")  # fmt: skip
-        return ranked
+        self.ranking_notes.append(ranking.note)
+        logger.info(f"  {ranking.note}: {', '.join(ranking.names[:4])}{' ...' if len(ranking.names) > 4 else ''}")
+        return ranking.names
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from
@@ -444,7 +445,7 @@ class _Search:
             seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget_exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen), *overrun),
+            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *self._slower_note(chosen), *overrun),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
         )  # fmt: skip
