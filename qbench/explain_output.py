@@ -89,9 +89,14 @@ def output_effects(
     names = bypassable(built, quantized, groups)
     if not names:
         return OutputEffects({}, 0)
+    if allowance_s <= 0:  # not even the one run its prediction takes
+        return OutputEffects({}, len(names), allowance_s=allowance_s, unmeasured="no time was left to measure them at "
+                             "the outputs")  # fmt: skip
     workdir.mkdir(parents=True, exist_ok=True)
     op_types = built.params.get("op_types")
     fp32 = _outputs(backend, options, dataclasses.replace(built, onnx_path=reference_path), feeds, fixed_batch)
+    if not any(np.asarray(o).dtype.kind == "f" for o in fp32):
+        return OutputEffects({}, len(names), unmeasured="the model has no floating-point output to measure noise on")
 
     def noise_without(kept: Collection[str], label: str) -> float:
         candidate = dataclasses.replace(built, name=label, onnx_path=workdir / f"{label}.onnx")
@@ -101,8 +106,6 @@ def output_effects(
         finally:
             discard_built(candidate, workdir)
 
-    if not any(np.asarray(o).dtype.kind == "f" for o in fp32):
-        return OutputEffects({}, len(names), unmeasured="the model has no floating-point output to measure noise on")
     started = time.perf_counter()
     everything = noise_without((), "output-noise-built")
     predicted = len(names) * (time.perf_counter() - started)

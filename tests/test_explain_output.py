@@ -90,10 +90,10 @@ def test_past_its_allowance_nothing_is_measured_and_the_note_says_per_layer_sqnr
     model, static = built
     nodes = quantized_nodes(load_model(model), static)
     effects = output_effects(model, static, {n.name: [n] for n in nodes}, _rows(2, 8), get_backend("onnxruntime-cpu"),
-                             RunOptions(threads=1), tmp_path, None, 0.0)  # fmt: skip
-    assert effects.costs == {} and effects.bypassable == 3 and effects.predicted_s > 0
+                             RunOptions(threads=1), tmp_path, None, 1e-9)  # fmt: skip
+    assert effects.costs == {} and effects.bypassable == 3 and effects.predicted_s > 1e-9
     note = effects.describe(3, "nodes")
-    assert "per-layer SQNR" in note and "past the 0 s allowed" in note
+    assert "per-layer SQNR" in note and "past the 1e-09 s allowed" in note
 
 
 def test_a_dynamic_build_has_nothing_to_bypass(built, tmp_path):
