@@ -11,8 +11,11 @@ is the one to keep float, not one costing more overall within it.
   Groups that only matter together (either one ruins the output) each recover little: when the recovered drops
   sum to under half the variant's drop, the result says so (`explained_share`, a note, the table's title).
 - one_at_a_time: only that group quantized; cost = the drop it causes alone.
-- sqnr: one pass, no candidates; cost = the noise a node adds (noise-to-signal ratio of its
-  output vs FP32 minus that of its inputs), from intermediate tensors of both models.
+- sqnr: no rebuilt candidates; cost = the noise a group's quantization causes at the model's outputs (their
+  noise-to-signal ratio vs FP32, less that with the group's Q/DQ bypassed: one run per group,
+  qbench.explain_output), as the INT8 search ranks its keep-float nodes; a group no graph edit can bypass (a
+  dynamic build's integer kernels) keeps its place by the noise it adds where it computes (its output's ratio minus
+  its inputs', from intermediate tensors of both models). A note says which ranking was used.
 
 The graph side (which nodes are quantized, candidates that keep a group float, SQNR) is
 `qbench.explain_graph`; the scores, groups and their order `qbench.explain_rank` (which `qbench.fallback` reuses to
@@ -46,12 +49,14 @@ from qbench.backends.base import RunOptions
 from qbench.console import print_wide
 from qbench.errors import QbenchError, expected_one_of, plain_name
 from qbench.explain_graph import float_keeper, quantized_nodes, sqnr_costs
+from qbench.explain_output import output_effects
 from qbench.explain_rank import (
     NodeCost,
     Score,
     explained_share,
     group_nodes,
     interaction_note,
+    rank_by_output,
     rank_by_sqnr,
     rank_groups,
     score_accuracy,
@@ -208,8 +213,11 @@ def explain_variant(
             noise = sqnr_costs(ctx.reference_path, built, nodes, [prepared.evaluation_feeds], backend, options,
                                scratch.workdir, prepared.batch)  # fmt: skip
             by_noise = rank_by_sqnr(groups, noise)
-        if method == "sqnr":
-            costs = by_noise
+        if method == "sqnr":  # no budget to hold it to: one run per group is what leave_one_out spends anyway
+            effects = output_effects(ctx.reference_path, built, groups, prepared.evaluation_feeds, backend, options,
+                                     scratch.workdir, prepared.batch, math.inf)  # fmt: skip
+            costs = rank_by_output(by_noise, effects)
+            notes.append("ranked " + effects.describe(len(groups), "nodes" if group_by == "node" else "groups"))
             notes.append("SQNR read from intermediate tensors; exposing them can keep ORT from fusing Q/DQ")
         else:
             if capped:

@@ -173,9 +173,9 @@ def sqnr_costs(
                 for start, batch in zip(range(0, rows, size), iter_batches(feeds, size, whole=fixed_batch is not None)):
                     r_values, q_values = run_reference(batch), run_quantized(batch)
                     for q, r in wanted:
-                        values = _real_rows(r_values[r], size, rows - start).astype(np.float64)
+                        values = real_rows(r_values[r], size, rows - start).astype(np.float64)
                         signal[(q, r)] += float(np.sum(values * values))
-                        noise[(q, r)] += float(np.sum((_real_rows(q_values[q], size, rows - start) - values) ** 2))
+                        noise[(q, r)] += float(np.sum((real_rows(q_values[q], size, rows - start) - values) ** 2))
         finally:
             run_quantized.close()
     finally:
@@ -189,7 +189,7 @@ def sqnr_costs(
     return costs
 
 
-def _real_rows(values: np.ndarray, fed: int, real: int) -> np.ndarray:
+def real_rows(values: np.ndarray, fed: int, real: int) -> np.ndarray:
     """The first `real` rows of a tensor computed on a batch of `fed` rows, when it has one row per fed row
     (the rest repeat rows to fill a fixed batch); any other tensor as it is."""
     return values[:real] if real < fed and values.ndim and values.shape[0] == fed else values

@@ -6,12 +6,14 @@ FP32, on calibration rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from qbench.explain_graph import QdqBypass, QuantizedNode, Rebuild
+from qbench.explain_output import OutputEffects, merged_order
 from qbench.gate_tolerance import Tolerances
 from qbench.progress import track
 from qbench.recipe import GateSpec
@@ -115,6 +117,22 @@ def rank_by_sqnr(groups: Mapping[str, Sequence[QuantizedNode]], noise: Mapping[s
         for g, members in groups.items()
     ]  # fmt: skip
     return sort_costs(costs, "sqnr")
+
+
+def rank_by_output(by_noise: Sequence[NodeCost], effects: OutputEffects) -> list[NodeCost]:
+    """`rank_by_sqnr`'s groups in `merged_order`: a group measured at the outputs with the output noise its quantization
+    adds (nsr; share: of what the measured groups add), the others where and as per-layer SQNR ranked them."""
+    measured = {g: v for g, v in effects.costs.items() if math.isfinite(v)}
+    total = sum(v for v in measured.values() if v > 0)
+    local = {c.group: c for c in by_noise}
+
+    def cost(group: str) -> NodeCost:
+        if group not in measured:
+            return local[group]
+        return dataclasses.replace(local[group], nsr=measured[group],
+                                   share=measured[group] / total if total > 0 else math.nan)  # fmt: skip
+
+    return [cost(g) for g in merged_order(list(local), measured)]
 
 
 def sort_costs(costs: Sequence[NodeCost], method: str) -> list[NodeCost]:

@@ -8,7 +8,7 @@
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
    candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
-   ranked by the noise each adds (per-layer SQNR on the screening rows, qbench.search.ranking) and the fastest such
+   ranked by the noise each causes at the outputs on the screening rows (qbench.search.ranking) and the fastest such
    failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
    every node the candidate quantized: that would be the FP32 model), until one passes or could no longer be fastest.
 4. Choose: the passing candidates are re-timed side by side with FP32 (interleaved rounds, more of them while the
@@ -108,6 +108,7 @@ class _Search:
         self.keep_float_exhausted = False
         self.retime_count = 0  # interleaved rounds the finalists were last re-timed in (0: none passed)
         self.retimed_late = False  # re-timing ended past the time budget
+        self.ranking_notes: list[str] = []  # which keep-float ranking each ranked build got (search.ranking)
         self.fp32_built = BuiltVariant("fp32", "fp32", prepared.source.onnx_path, borrowed=True)
         fp32_selection_s, began = None, now()
         if selection is not None:  # FP32 on the selection rows: what candidates are compared with there
@@ -341,7 +342,7 @@ class _Search:
         return ranked, len(own)
 
     def sensitivity_ranking(self) -> tuple[list[str], set[str]]:
-        """Quantized nodes, the noisiest first (per-layer SQNR of a static Q/DQ build on the screening rows), and the
+        """Quantized nodes, the noisiest first (of a static Q/DQ build on the screening rows: search.ranking), and the
         nodes that build quantized (none where it could not be ranked)."""
         static = self._static_build()
         if static is None:
@@ -364,9 +365,11 @@ class _Search:
     def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
         """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""
         with self.budget.timing(RANKING):
-            return ranked_nodes(self.ctx.reference_path, built, self.screen.feeds, self.backend,
-                                RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
-                                self.prepared.batch)  # fmt: skip
+            ranking = ranked_nodes(self.ctx.reference_path, built, self.screen.feeds, self.backend,
+                                   RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
+                                   self.prepared.batch, self.budget.left())  # fmt: skip
+        self.ranking_notes += [ranking.note] if ranking.note else []
+        return ranking.names
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from
@@ -437,26 +440,23 @@ class _Search:
                 closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"
                 verdict = closest if chosen is None else "chosen" + (" (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
+        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
+        if slower:
+            logger.warning(f"INT8 search: {slower}")
         report = SearchReport(
             variant=self.spec.name, metric=self.gate.metric, max_drop=self.tolerances.max_drop,
             max_slice_drop=self.tolerances.max_slice_drop, time_budget_s=self.spec.time_budget_s,
             seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget.exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *notes, *self._slower_note(chosen), *self.budget.overrun_note()),
+            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *([slower] if slower else []),
+                   *self.budget.overrun_note()),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
         )  # fmt: skip
         built = self._keep(pick, chosen is not None) if pick is not None and pick in self.built else None
         shutil.rmtree(self.root, ignore_errors=True)
         return SearchOutcome(built, report)
-
-    def _slower_note(self, chosen: int | None) -> tuple[str, ...]:
-        slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
-        if slower is None:
-            return ()
-        logger.warning(f"INT8 search: {slower}")
-        return (slower,)
 
     def _method_note(self) -> str:
         return method_note(screened=self.screen.count, rows=self.rows.count,

@@ -8,12 +8,18 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import yaml
 from onnx import TensorProto, helper, numpy_helper
+from test_explain import SEARCH_BUDGET_S, write_fragile_project
+from test_explain_output import amplifying_mlp
 
 from qbench.backends import get_backend
+from qbench.recipe import load_recipe
+from qbench.search import ranking
 from qbench.search import run as search_run
 from qbench.search.budget import Budget
 from qbench.search.candidates import Candidate
+from qbench.sweep import run_sweep
 from qbench.variants import BuildContext, build_variant
 
 WIDTH, HIDDEN, CLASSES = 6, 16, 3
@@ -51,6 +57,7 @@ def test_a_dynamic_base_that_quantizes_an_lstm_can_keep_the_lstm_float(tmp_path)
     search.prepared = SimpleNamespace(recipe=SimpleNamespace(latency=SimpleNamespace(threads=1)), batch=None)
     search.budget = Budget(60, lambda: 0.0, 3)
     search.refusal = lambda what, seconds, **_: "time budget spent"  # no measuring past it, the static ranking's part
+    search.ranking_notes = []
     assert search.base_ranking(0, ["head"], {"head"}) == (["head"], 2)
     search.refusal = lambda what, seconds, **_: None
     ranked, quantized = search.base_ranking(0, ["head"], {"head"})  # what the static build ranks: its one Gemm
@@ -74,3 +81,33 @@ def test_a_base_is_not_measured_again_for_a_node_the_ranked_build_quantized_but_
     search._ranked = lambda built, work: measured.append(built.name) or ["head"]
     assert search.base_ranking(0, [], {"head"}) == ([], 1) and measured == []
     assert search.base_ranking(0, [], set()) == (["head"], 1) and measured == ["static"]  # nothing ranked: its own
+
+
+def _amplifying_search(tmp_path, monkeypatch):
+    """The INT8 search, ort-static only, at most one node kept float, over `amplifying_mlp` with the fragile project's
+    data. The gate lies between the drops: agreement falls by about 0.2 with every node quantized or the head kept
+    float, by about 0.02 with the first layer kept float."""
+    path = write_fragile_project(tmp_path, [], gate={"metric": "agreement", "max_drop": 0.1, "max_slice_drop": 0.15})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "qbench_cache"))  # a search of its own, not a stored one
+    amplifying_mlp(tmp_path / "model.onnx")
+    raw = yaml.safe_load(path.read_text())
+    raw["search"] = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-static"], "max_keep_float": 1}
+    raw["gate"]["unresolved"] = "note"  # its 48 selection rows resolve no share-of-rows tolerance (test_run.py)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return run_sweep(load_recipe(path), track=False).results.search
+
+
+def test_keeping_the_node_whose_noise_the_head_amplifies_float_passes(tmp_path, monkeypatch):
+    """Ranked by the noise each node adds where it computes, the head came first (it amplifies the first layer's noise,
+    and keeping it float leaves that noise in place): the search said "unreachable". Ranked by the noise each causes at
+    the outputs, the first layer comes first and keeping it float passes; the report says which ranking was used."""
+    report = _amplifying_search(tmp_path / "outputs", monkeypatch)
+    print([(c.label, c.keep_float, c.stage, c.verdict) for c in report.candidates], report.notes)
+    assert report.outcome == "passed" and report.candidates[report.chosen].keep_float == ("first",)
+    assert any("by the noise each causes at the model's outputs" in note for note in report.notes)
+    monkeypatch.setattr(ranking, "OUTPUT_SHARE", 0.0)  # never affordable: the per-layer ranking, as before
+    report = _amplifying_search(tmp_path / "local", monkeypatch)
+    assert report.outcome == "unreachable"
+    assert {c.keep_float for c in report.candidates if c.keep_float} == {("head",)}  # each base kept the head float
+    assert any("per-layer SQNR): no time was left" in note for note in report.notes)

@@ -51,6 +51,7 @@ def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], Va
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built)))
     search = object.__new__(run._Search)
     search.budget = Budget(60, lambda: 0.0, 3)  # its __init__, which sets it, is not run
+    search.ranking_notes = []
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
                       for label, speed in zip(labels, speeds)]  # fmt: skip
     search.built = dict(enumerate(labels))
@@ -107,6 +108,7 @@ def test_the_rows_that_would_resolve_a_thin_pass_follow_its_spread():
 def _finished(search: run._Search, tmp_path):
     search.spec = SimpleNamespace(name="int8-search", time_budget_s=60, finalists=2)
     search.budget, search.root = Budget(60, lambda: 1.0, 2), tmp_path / "search"
+    search.ranking_notes = []
     search.keep_float_exhausted = False
     search.fp32_p50, search.chosen_on = {}, "chosen on the selection rows"
     search.prepared, search.rows = SimpleNamespace(selection=None), SimpleNamespace(count=ROWS)

@@ -332,12 +332,12 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
     12 ms (an estimate's noise: 40 %) the estimate cannot say so, as the search's ranking already knew (a fixed 5 %
     margin flagged it, and the report then showed the sweep measuring the pick faster than FP32)."""
     from qbench.results_search import CandidateRecord
-    from qbench.search import run
+    from qbench.search import run, select
 
     search = object.__new__(run._Search)
-    search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=0.85, stage="evaluated", passed=True, excess=0.4)]
     search.fp32_timings = fp32_timings
-    assert bool(search._slower_note(0)) is flagged
+    record = CandidateRecord("dynamic", "ort-dynamic", speedup=0.85, stage="evaluated", passed=True, excess=0.4)
+    assert bool(select.slower_than_reference(record, search.tie())) is flagged
 
 
 def _one_tie_project(root, rows=400, *, lone_slice=False):
