@@ -259,7 +259,7 @@ class Recipe(_Strict):
     @model_validator(mode="after")
     def _cross_checks(self) -> Recipe:
         from qbench.errors import QbenchError
-        from qbench.tasks import get_task
+        from qbench.tasks import TASKS, get_task
 
         names = [v.name for v in self.variants]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -282,8 +282,9 @@ class Recipe(_Strict):
                 raise ValueError(f"variants[{index}].qat.loss: task {self.task!r} has no label loss; use 'distill'")
             if v.qat is not None and v.qat.loss == "label" and self.data.label is None:
                 raise ValueError(f"variants[{index}].qat.loss: 'label' needs data.label; use 'distill' without labels")
-        if isinstance(self.data.label, list) and self.task != "multilabel":
-            raise ValueError(f"data.label: a list of columns (one 0/1 column per label) is read by task multilabel "
+        if isinstance(self.data.label, list) and not get_task(self.task).reads_label_columns:
+            readers = " / ".join(name for name in TASKS if TASKS.get(name).reads_label_columns)
+            raise ValueError(f"data.label: a list of columns (one 0/1 column per label) is read by task {readers} "
                              f"only; expected one label column for task {self.task!r}")  # fmt: skip
         fed_labels = [column for column in self.data.label_columns if column in self.data.fed_columns]
         if fed_labels and not get_task(self.task).labels_may_be_fed:

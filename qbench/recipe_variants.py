@@ -35,7 +35,6 @@ from qbench.techniques.options import (
     without_later_defaults,
 )
 
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "fp8")
 QUANTIZED_PRECISIONS = ("int8", "fp8")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 MAX_NAME_CHARS = 100  # names become file names with suffixes (<name>.calibration.json) and MLflow run names

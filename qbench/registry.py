@@ -48,12 +48,16 @@ class Registry(Generic[T]):
         """The implementation registered as `name`; unknown names get a 'did you mean' error."""
         if name not in self._entries:
             raise QbenchError(f"unknown {self.kind}: {expected_one_of(name, self._entries)}")
-        entry = self._entries[name]
-        if isinstance(entry, str):
-            module_name, _, attr = entry.partition(":")
-            entry = getattr(importlib.import_module(module_name), attr)
-            self._entries[name] = entry
-        return entry  # type: ignore[return-value]
+        entry = self._entries[name] = self.resolve(self._entries[name])
+        return entry
+
+    def resolve(self, target: T | str) -> T:
+        """`target` itself, or the object a ``"module:attr"`` target names (its module imported)."""
+        if not isinstance(target, str):
+            return target
+        module_name, _, attr = target.partition(":")
+        resolved: T = getattr(importlib.import_module(module_name), attr)
+        return resolved
 
     def names(self) -> list[str]:
         return sorted(self._entries)

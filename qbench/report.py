@@ -227,11 +227,6 @@ def _slice_grid(results: SweepResults, metric: str) -> Grid:
     return Grid(f"Per slice: {metric}", headers, rows, frozenset(range(1, len(headers))), footer)
 
 
-def slice_table(results: SweepResults, metric: str) -> Table:
-    """Rows = overall + every slice (with its size), columns = variants: value (drop) and 95 % interval."""
-    return to_rich(_slice_grid(results, metric))
-
-
 # -- gate -----------------------------------------------------------------------------------------
 
 _CHECK_ORDER = {"breach": 0, "pass": 1, "skipped": 2}

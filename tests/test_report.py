@@ -23,7 +23,6 @@ from qbench.report import (
     frontier_text,
     gate_table,
     print_summary,
-    slice_table,
     summary_table,
     write_markdown_report,
 )
@@ -91,8 +90,11 @@ def test_summary_shows_smallest_and_largest_batch_and_nonfinite_counts() -> None
 
 
 def test_slice_table_has_overall_and_every_slice_with_interval() -> None:
+    from qbench.report import _slice_grid
+    from qbench.report_grid import to_rich
+
     results = make_sweep()
-    table = slice_table(results, "accuracy")
+    table = to_rich(_slice_grid(results, "accuracy"))  # report.md's per-slice table, as the console would show it
     int8 = results.find("int8_minmax", CPU)
     assert [str(c) for c in column(table, "slice")] == ["overall"] + [s.name for s in int8.accuracy.slices]
     noisy = int8.accuracy.slices[1]

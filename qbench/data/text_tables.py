@@ -278,12 +278,9 @@ def printed_array_hint(values: pd.Series) -> str:
     NumPy prints them ...' when some cell is one (numbers between brackets, spaces and no comma between them: what
     pandas' to_csv writes for an array cell, which no JSON parser reads back), else ''."""
     text = _text_cells(values).str.strip()
-    found = text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)]
-    if found.empty:
-        return ""
-    return (f"; cells such as {shown_text(found.iloc[0])!r} are arrays as NumPy prints them (pandas' to_csv writes "
-            "array cells so): expected a JSON list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) "
-            "or a Parquet list column")
+    return _such_cells(text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)],
+                       "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON "
+                       "list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) or a Parquet list column")
 
 
 def array_file_hint(values: pd.Series) -> str:
@@ -291,12 +288,15 @@ def array_file_hint(values: pd.Series) -> str:
     ...' when some cell does (a set, point cloud or sequence saved one .npy per row): qbench reads the arrays a table
     holds, never a file a cell names, so the cell was fed as one text value (`holds cells of 1 value`)."""
     text = _text_cells(values).str.strip()
-    found = text[text.str.lower().str.endswith((".npy", ".npz"))]
-    if found.empty:
-        return ""
-    return (f"; cells such as {shown_text(found.iloc[0])!r} name NumPy files, which qbench does not read (it feeds the "
-            "arrays the table holds): expected the arrays themselves, as a Parquet list column (np.load(path).tolist() "
-            "per row) or one .npz of the stacked rows (np.savez(path, x=np.stack(arrays), label=labels))")
+    return _such_cells(text[text.str.lower().str.endswith((".npy", ".npz"))],
+                       "name NumPy files, which qbench does not read (it feeds the arrays the table holds): expected "
+                       "the arrays themselves, as a Parquet list column (np.load(path).tolist() per row) or one .npz "
+                       "of the stacked rows (np.savez(path, x=np.stack(arrays), label=labels))")
+
+
+def _such_cells(found: pd.Series, what: str) -> str:
+    """'; cells such as <the first found, quoted> <what>', or '' when none was found."""
+    return "" if found.empty else f"; cells such as {shown_text(found.iloc[0])!r} {what}"
 
 
 def text_cells_hint(values: pd.Series) -> str:

@@ -75,9 +75,6 @@ class SweepPlan:
     def _by_id(self) -> dict[str, Job]:
         return {job.id: job for job in self.jobs}
 
-    def measures_of(self, variant: str) -> list[Job]:
-        return [job for job in self.jobs if job.kind == "measure" and job.variant == variant]
-
 
 def build_id(variant: str) -> str:
     return f"build:{variant}"

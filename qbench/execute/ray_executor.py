@@ -302,7 +302,6 @@ class RayExecutor:
         self._outputs: dict[str, Any] = {}  # job id -> ObjectRef of its evaluated outputs
         self._keep: set[str] = set()
         self._messages = ExitStack()  # Ray's unhandled-error tracebacks off while this executor's connection lasts
-        self._recipe = recipe
         self._head: str | None = None  # the cluster's GCS address, checked while the driver waits (_check_head)
         self._head_checked = 0.0
         self._head_gone_since: float | None = None

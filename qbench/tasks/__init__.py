@@ -1,8 +1,9 @@
 """Tasks: how a model's outputs are read and judged. One module per task, registered here by name.
 
 A new task is a module with a `qbench.tasks.base.Task` subclass and one `TASKS.register` line.
-Importing this package also puts every task's metrics (name, direction) in the metric catalogue
-(`qbench.validate.catalogue.METRICS`) that the gate, the report and the frontier read.
+Every registered task's metrics (name, direction) are in the metric catalogue
+(`qbench.validate.catalogue.METRICS`) that the gate, the report and the frontier read: the built-in tasks' once this
+package is imported, a task registered later (a plugin, a test) the moment it is registered.
 """
 
 from __future__ import annotations
@@ -12,7 +13,29 @@ from qbench.registry import Registry
 from qbench.tasks.base import CustomMetric, LabelError, Task
 from qbench.validate.catalogue import METRICS
 
-TASKS: Registry[Task] = Registry("task")
+
+class TaskRegistry(Registry[Task]):
+    """The task registry, which keeps the metric catalogue in step: once the built-in (lazy) entries below have
+    put their metrics there, a task registered is imported and its metrics added first (a metric at odds with a
+    registered one's direction or range refuses the task)."""
+
+    def __init__(self) -> None:
+        super().__init__("task")
+        self.catalogued = False
+
+    def _add(self, name: str, target: Task | str) -> None:
+        if self.catalogued:
+            target = self.resolve(target)
+            _catalogue(target)
+        super()._add(name, target)
+
+
+def _catalogue(task: Task) -> None:
+    for info in task.metric_infos:
+        METRICS.add(info)
+
+
+TASKS = TaskRegistry()
 TASKS.register("classification", "qbench.tasks.classification:CLASSIFICATION")
 TASKS.register("embedding", "qbench.tasks.embedding:EMBEDDING")
 TASKS.register("regression", "qbench.tasks.regression:REGRESSION")
@@ -42,12 +65,12 @@ def gate_metric_names(task: str) -> list[str]:
     return [info.name for info in get_task(task).metric_infos]
 
 
-def _register_metrics() -> None:
+def _catalogue_built_in() -> None:
     for name in TASKS.names():
-        for info in TASKS.get(name).metric_infos:
-            METRICS.add(info)
+        _catalogue(TASKS.get(name))
+    TASKS.catalogued = True
 
 
-_register_metrics()
+_catalogue_built_in()
 
 __all__ = ["TASKS", "CustomMetric", "LabelError", "Task", "gate_metric_names", "get_task"]

@@ -115,6 +115,7 @@ class Task(ABC):
     labels_name_classes: ClassVar[bool] = False  # label cells are names ("01" and "1" two classes), not numbers
     decides_by_argmax: ClassVar[bool] = False  # rows decides among score columns by their arg-max
     columns_are_classes: ClassVar[bool] = False  # an output's last axis is its classes (labels): never an input length
+    reads_label_columns: ClassVar[bool] = False  # `data.label` may be a list of columns (one 0/1 column per label)
     labels_may_be_fed: ClassVar[bool] = False
     """Whether a label column may also feed a model input: a reconstruction (an autoencoder) is judged against the
     input it was fed. Where labels are classes, token tags or spans, a fed label is the answer itself (a leak)."""

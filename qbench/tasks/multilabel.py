@@ -71,6 +71,7 @@ class MultilabelRows:
 class Multilabel(Task):
     name = "multilabel"
     columns_are_classes = True
+    reads_label_columns = True
     metric_infos = (
         # F1 cannot count a row FP32 gives NaN/inf on, so it is NaN on a scope holding one (qbench.validate.accuracy):
         # as a miss on every label for every result, it would make F1 0 for FP32 and every variant alike on a scope

@@ -26,9 +26,6 @@ from qbench.validate import metrics
 from qbench.validate.metrics import IGNORE_LABEL
 from qbench.validate.scores_scale import ScaleReading
 
-TOKEN_RATES = ("accuracy", "agreement", "flip_rate")
-"""The metrics that are shares of the scope's scored tokens (the others rest on those tokens too)."""
-
 
 def is_token_list(value: Any) -> bool:
     """Whether a label cell is a list of labels (one per token) rather than one label."""

@@ -50,11 +50,6 @@ def _r2_columns(predicted: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, 
         return np.where(varies, 1.0 - residual / np.where(varies, total, 1.0), math.nan), varies
 
 
-def r2_per_target(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """The R² of each target column; NaN for a column whose target is constant (R² is undefined there)."""
-    return _r2_columns(predicted, target)[0]
-
-
 def _defined_r2(predicted: np.ndarray, target: np.ndarray) -> np.ndarray:
     """The R² of the target columns whose target varies."""
     per_target, varies = _r2_columns(predicted, target)

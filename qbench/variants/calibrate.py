@@ -51,9 +51,17 @@ from qbench.variants.opset_upgrade import ensure_opset
 from qbench.variants.pass_memo import PassMemo, batches_digest
 from qbench.variants.qdq_opset import qdq_runnable
 
-METHODS: dict[str, CalibrationMethod] = {
-    name: CalibrationMethod[CALIBRATORS.get(name).onnxruntime] for name in CALIBRATORS if CALIBRATORS.get(name).computes_ranges
-}
+
+def ort_method(calibrator: str) -> CalibrationMethod:
+    """ONNX Runtime's method for the registered `calibrator`, read from the registry when asked (a calibrator
+    registered after this module was imported is known too); a QbenchError for one that computes no ranges."""
+    entry = CALIBRATORS.get(calibrator) if calibrator in CALIBRATORS else None
+    if entry is None or entry.onnxruntime is None:
+        ranging = [name for name in CALIBRATORS if CALIBRATORS.get(name).computes_ranges]
+        raise QbenchError(f"calibrator {calibrator!r} does not compute ranges; expected one of {', '.join(ranging)}")
+    return CalibrationMethod[entry.onnxruntime]
+
+
 FEEDING = "one batch per calibrator call (histograms merged; no rows dropped)"
 
 
@@ -71,8 +79,7 @@ class CalibrationSettings:
     @classmethod
     def of(cls, calibration: Calibration, symmetric: bool, op_types: Sequence[str] | None) -> CalibrationSettings:
         """Settings from a technique's calibration; `op_types` are the op types whose tensors get ranges."""
-        if calibration.calibrator not in METHODS:
-            raise QbenchError(f"calibrator {calibration.calibrator!r} does not compute ranges")
+        ort_method(calibration.calibrator)
         return cls(
             method=calibration.calibrator,
             percentile=calibration.percentile,
@@ -85,12 +92,8 @@ class CalibrationSettings:
     def params(self) -> dict[str, Any]:
         """The parameters this calibrator actually used, for results and MLflow."""
         params: dict[str, Any] = {"calibrator": self.method, "calibration_symmetric": self.symmetric}
-        if self.method in ("entropy", "percentile"):
-            params["num_bins"] = self.num_bins
-        if self.method == "entropy":
-            params["num_quantized_bins"] = self.num_quantized_bins
-        if self.method == "percentile":
-            params["percentile"] = self.percentile
+        for option in sorted(CALIBRATORS.get(self.method).options):  # the options its registry entry declares
+            params[option] = getattr(self, option)
         return params
 
 
@@ -156,8 +159,7 @@ def compute_ranges(
     fill's magnitude, or one 0 on every row (`_representable`). All are named in `skipped`. Remembered for the same
     file content, batches and settings (qbench.variants.pass_memo).
     """
-    if method not in METHODS:
-        raise QbenchError(f"calibrator {method!r} does not compute ranges; expected one of {', '.join(METHODS)}")
+    ort_method(method)
     if not batches:
         raise QbenchError("calibration needs at least one batch of data; the calibration sample is empty")
     options = {
@@ -182,6 +184,8 @@ def _compute_ranges(
     workdir: Path,
 ) -> Calibrated:
     skipped: dict[str, str] = {}
+    calibrate_method = ort_method(method)
+    histogram = calibrate_method != CalibrationMethod.MinMax  # ORT's histogram collector (entropy, percentile...)
     with tempfile.TemporaryDirectory(prefix="calibrate-", dir=workdir) as tmp:
         staged = _in_normal_form(model_path, workdir, Path(tmp))
         with quiet_stdout():
@@ -189,22 +193,23 @@ def _compute_ranges(
                 staged,
                 list(op_types) if op_types is not None else None,
                 augmented_model_path=str(Path(tmp) / "augmented.onnx"),
-                calibrate_method=METHODS[method],
+                calibrate_method=calibrate_method,
                 # the augmented copy of a model over protobuf's 2 GiB is written with its weights beside it: ORT
                 # writes one file by default, which it then could not parse back ("Protobuf parsing failed")
                 use_external_data_format=file_over_protobuf_limit(staged),
                 extra_options=options,
             )
             if not calibrator.select_tensors_to_calibrate(calibrator.model)[0]:
-                ranges = TensorsData(METHODS[method], {})
+                ranges = TensorsData(calibrate_method, {})
             else:
-                if method != "minmax":
-                    calibrator.collector = GuardedHistogramCollector(method, options["symmetric"], options["num_bins"],
-                                                                    options["num_quantized_bins"], options["percentile"])
+                if histogram:
+                    calibrator.collector = GuardedHistogramCollector(
+                        calibrate_method.name.lower(), options["symmetric"], options["num_bins"],
+                        options["num_quantized_bins"], options["percentile"])  # fmt: skip
                 for batch in track(batches, f"calibrating ({method})", total=len(batches)):
                     calibrator.collect_data(_FeedReader([batch]))
                 ranges = calibrator.compute_data()
-                if method != "minmax":
+                if histogram:
                     skipped = dict(calibrator.collector.skipped)
                 else:  # MinMax skips NaN: its range would quantize the tensor and turn NaN into a number
                     scanned = any(holds_nonfinite(batch) for batch in batches)  # else no tensor can be: no load

@@ -55,12 +55,6 @@ class _Builder:
         self.nodes.append(helper.make_node(op, inputs, [out], name=self.name(f"{base}/{op}"), **attributes))
         return out
 
-    def axes_op(self, op: str, source: str, axes: list[int], base: str) -> str:
-        """Unsqueeze/Squeeze with `axes` as an input (opset 13+) or an attribute (before)."""
-        if self.opset >= 13:
-            return self.node(op, [source, self.const(f"{base}/axes", axes)], base)
-        return self.node(op, [source], base, axes=axes)
-
     def direction_slice(self, source: str, index: int, base: str) -> str:
         """`source[index:index + 1]` along axis 0 (one direction's weights or initial state); Gather, in every opset."""
         return self.node("Gather", [source, self.const(f"{base}/index", [index])], base, axis=0)

@@ -47,9 +47,7 @@ def gemms_as_matmul(model: onnx.ModelProto) -> list[str]:
         nodes.extend(_as_matmul(graph, node, numpy_helper.to_array(weight), index))
         rewritten.append(node.name)
     if rewritten:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        drop_unused_initializers(graph)
+        _replace_nodes(graph, nodes)
     return rewritten
 
 
@@ -157,9 +155,7 @@ def plain_gemm_factors(model: onnx.ModelProto) -> list[str]:
         node.attribute.extend(kept)
         changed.append(node.name)
     if changed:
-        del graph.node[:]
-        graph.node.extend(nodes)
-        drop_unused_initializers(graph)
+        _replace_nodes(graph, nodes)
     return changed
 
 
@@ -171,3 +167,10 @@ def _add_constant(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
         unique = f"{name}_{n}"
     graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(value), unique))
     return unique
+
+
+def _replace_nodes(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> None:
+    """Make `nodes` the graph's nodes, dropping the initializers only the nodes taken out read."""
+    del graph.node[:]
+    graph.node.extend(nodes)
+    drop_unused_initializers(graph)

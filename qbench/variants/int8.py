@@ -42,11 +42,11 @@ from qbench.techniques.onnxruntime import OrtDynamic, OrtInt8, OrtStatic
 from qbench.variants.base import BuildContext, BuiltVariant, technique_of
 from qbench.variants.calibrate import (
     FEEDING,
-    METHODS,
     CalibrationSettings,
     calibration_rows,
     clipping_ranges,
     compute_ranges_with,
+    ort_method,
     preprocess_model,
     require_calibration,
 )
@@ -312,7 +312,7 @@ def _quantize_static(
             target,
             calibration_data_reader=None,
             calibration_cache_path=cache,
-            calibrate_method=METHODS[settings.method],
+            calibrate_method=ort_method(settings.method),
             quant_format=QuantFormat.QDQ,
             activation_type=_QUANT_TYPES[config.activation_type],
             weight_type=_QUANT_TYPES[config.weight_type],

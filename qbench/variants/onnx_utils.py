@@ -383,13 +383,6 @@ def declare_session_options(path: Path, options: dict[str, Any]) -> None:
     onnx.save_model(model, str(path))
 
 
-def declared_session_options(path: Path) -> dict[str, str]:
-    """The session options a saved model declares in its metadata_props (empty: ORT's defaults)."""
-    model = onnx.load(str(path), load_external_data=False)
-    prefix = SESSION_METADATA_PREFIX
-    return {p.key.removeprefix(prefix): p.value for p in model.metadata_props if p.key.startswith(prefix)}
-
-
 def unchanged_variant(
     variant: str, precision: str, ctx: BuildContext, why: str, params: dict[str, Any], seconds: float
 ) -> BuiltVariant:

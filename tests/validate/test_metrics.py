@@ -248,7 +248,7 @@ def test_several_targets_are_judged_one_by_one_and_averaged_uniformly() -> None:
     # target 0: errors 0, 0, 3: SS_res 9, SS_tot 2 -> R² -3.5, RMSE sqrt(3)
     # target 1: errors 0, 2, 0: SS_res 4, SS_tot 200 -> R² 0.98, RMSE sqrt(4/3)
     # (pooled, the old figures: R² 1 - 13/202 = 0.936, RMSE sqrt(13/6): the large target hid the small one)
-    assert metrics_targets.r2_per_target(predicted, target).tolist() == pytest.approx([-3.5, 0.98])
+    assert metrics_targets._r2_columns(predicted, target)[0].tolist() == pytest.approx([-3.5, 0.98])
     assert metrics_targets.r2_score(predicted, target) == pytest.approx((-3.5 + 0.98) / 2)
     assert metrics_targets.r2_min(predicted, target) == pytest.approx(-3.5)
     assert metrics_targets.root_mean_squared_error(predicted, target) == pytest.approx((math.sqrt(3) + math.sqrt(4 / 3)) / 2)
@@ -263,7 +263,7 @@ def test_r2_leaves_out_constant_targets_and_propagates_nan() -> None:
     assert metrics_targets.r2_min(predicted, target) == pytest.approx(0.5)
     assert math.isnan(metrics_targets.r2_score(np.full((3, 2), 5.0), np.full((3, 2), 5.0)))  # every target constant
     # 0.1 three times: its float mean is not exactly 0.1, yet the column is constant and has no R²
-    assert math.isnan(metrics_targets.r2_per_target(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0])
+    assert math.isnan(metrics_targets._r2_columns(np.full((3, 1), 0.2), np.full((3, 1), 0.1))[0][0])
     predicted[1, 0] = NAN
     assert math.isnan(metrics_targets.r2_score(predicted, target)) and math.isnan(metrics_targets.r2_min(predicted, target))
     assert math.isnan(metrics_targets.r2_min(np.zeros((0, 2)), np.zeros((0, 2))))

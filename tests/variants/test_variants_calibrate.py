@@ -104,6 +104,23 @@ def test_settings_resolve_defaults_and_report_only_what_the_method_uses():
     assert set(minmax.params()) == {"calibrator", "calibration_symmetric"}
 
 
+def test_a_calibrator_registered_after_import_calibrates_by_its_onnxruntime_method(skewed, tmp_path, monkeypatch):
+    """The registry is read when a calibrator is used, not copied when this module was imported, and a calibrator
+    takes ORT's path by the method its entry names, not by its own name."""
+    from qbench.techniques import CALIBRATORS, Calibrator
+
+    path, batches = skewed
+    monkeypatch.setattr(CALIBRATORS, "_entries", dict(CALIBRATORS._entries))
+    CALIBRATORS.register("absmax", Calibrator("absmax", ("int8",), (), "MinMax"))
+    CALIBRATORS.register("p99", Calibrator("p99", ("int8",), ("percentile", "num_bins"), "Percentile"))
+    assert _amax(path, batches, "absmax", tmp_path / "a") == _amax(path, batches, "minmax", tmp_path / "m")
+    tail = {"percentile": 99.0, "num_bins": 512}
+    assert _amax(path, batches, "p99", tmp_path / "p", **tail) == _amax(path, batches, "percentile", tmp_path / "q", **tail)
+    assert _amax(path, batches, "p99", tmp_path / "p", **tail) < _amax(path, batches, "absmax", tmp_path / "a")
+    settings = CalibrationSettings(method="p99", percentile=99.0, num_bins=512)
+    assert settings.params() == {"calibrator": "p99", "calibration_symmetric": False, "num_bins": 512, "percentile": 99.0}
+
+
 # -- pre-processing: symbolic shape inference only where ONNX's own leaves a tensor untyped -------------------------
 
 

@@ -149,7 +149,11 @@ def test_a_variant_declares_the_session_options_it_needs_in_its_file(mlp, tmp_pa
     from qbench.techniques.fp8 import Fp8
     from qbench.variants import build_variant
     from qbench.variants.base import BuiltVariant
-    from qbench.variants.onnx_utils import declared_session_options
+
+    def declared_session_options(path: Path) -> dict[str, str]:  # as a user reads them from the saved file
+        prefix = "onnxruntime.session_options."
+        props = onnx.load(str(path), load_external_data=False).metadata_props
+        return {p.key.removeprefix(prefix): p.value for p in props if p.key.startswith(prefix)}
 
     def build_basic(spec, ctx):
         target = ctx.workdir / "basic.onnx"
