@@ -46,7 +46,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     lenient = make_user_project(root)
     raw = yaml.safe_load(lenient.read_text())
     raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
     del raw["tracking"]
     lenient.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -40,7 +40,7 @@ def relative_project(tmp_path: Path) -> Path:
     table.to_parquet(tmp_path / "project" / "data" / "patients.parquet", index=False)
     recipe = yaml.safe_load(recipe_path.read_text())
     recipe["variants"] = [{"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
-    recipe["latency"] = {"batch_sizes": [1, 8], "warmup": 1, "iterations": 3}
+    recipe["latency"] = {"batch_sizes": [1, 8], "warmup": 1, "iterations": 3, "stability": None}
     recipe["tracking"] = {"uri": "sqlite:///store/mlflow.db", "experiment": "relative"}
     recipe["output_dir"] = "reports"
     (tmp_path / "project" / "store").mkdir()

@@ -66,7 +66,7 @@ def test_both_snippets_run_the_same_commands_and_publish_the_junit_file():
 def test_the_readme_commands_gate_a_project_and_write_the_ci_reports(tmp_path, monkeypatch):
     recipe = make_user_project(tmp_path)
     raw = yaml.safe_load(recipe.read_text())
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     commands = qbench_commands(gitlab_job()["script"])
     recipe_name = commands[0][1]
     (tmp_path / recipe_name).write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -172,7 +172,7 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
     raw = yaml.safe_load(recipe.read_text())
     raw["variants"] = [{"name": "fp16", "precision": "fp16"},
                        {"name": "int8", "precision": "int8", "calibrator": "minmax"}]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     full = tmp_path / "full"

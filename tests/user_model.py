@@ -68,6 +68,7 @@ latency:
   batch_sizes: [1, 16]
   warmup: 3
   iterations: 20
+  stability: null  # a fixed count: adaptive windows on a loaded machine time each point for seconds
 
 gate:
   metric: agreement
@@ -173,7 +174,7 @@ def make_fp16_project(root: Path) -> Path:
     recipe = make_user_project(root)
     raw = yaml.safe_load(recipe.read_text())
     raw["variants"] = [{"name": "fp16", "precision": "fp16"}]
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     raw["gate"] = {"metric": "agreement", "max_drop": 1.0, "max_slice_drop": 1.0, "applies_to": ["*"]}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     return recipe

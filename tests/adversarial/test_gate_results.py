@@ -53,7 +53,7 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Swept:
         {"name": "fp16", "precision": "fp16"},
         {"name": INT8, "precision": "int8", "calibrator": "minmax"},
     ]
-    raw["latency"] = {"batch_sizes": [1, 4], "warmup": 1, "iterations": 3, "threads": 1}
+    raw["latency"] = {"batch_sizes": [1, 4], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     raw["data"]["slices"].append({"name": "large-radius", "filter": {"mean_radius": {"gt": 15.0}}})
     raw["gate"] = {"metric": "agreement", "max_drop": 0.2, "max_slice_drop": 0.3, "applies_to": ["*"]}
     raw["output_dir"] = "reports"  # relative: a copy of the project finds its own results

@@ -143,7 +143,9 @@ def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.Mon
     # one family, no keep-float rungs and no time budget: the search end to end, the same on a loaded machine (a budget
     # cut it at whichever rung the machine reached, and the pick changed with the load)
     raw["search"] |= {"techniques": ["ort-dynamic"], "finalists": 1, "max_keep_float": 0, "time_budget_s": 3600}
-    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 100, "threads": 1}  # the fewest an SLO p99 takes
+    # 100 runs: the fewest an SLO p99 takes; a fixed count (no stability windows), which on a loaded machine never
+    # agree and time each point for latency.stability.max_seconds (adaptive timing: tests/validate/test_latency.py)
+    raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 100, "threads": 1, "stability": None}
     # the SLO's load still served for real, at a rate whose run of 200 requests takes 1 s, not 10 s a variant (at the
     # recipe's 20 req/s); no assertion here rests on the SLO's verdict
     raw["slo"]["rate_rps"] = 200
