@@ -23,7 +23,7 @@ from qbench.gate_fresh import another_recipe_file, changed_models, edited_recipe
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
-from qbench.runs import RESULTS_FILE, newest_run
+from qbench.runs import RESULTS_FILE, newest_run, where_now
 from qbench.slo import repriced
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def run_gate(
     if recipe is None and results_path is None:
         raise QbenchError("qbench gate needs a recipe or --results FILE")
     path = results_path if results_path is not None else latest_results(recipe)
-    results = read_results(path)
+    results = located(read_results(path), path)
     try:
         recorded = recorded_recipe(results.recipe, path)
     except QbenchError as exc:  # intact but unjudgeable results: `qbench report` still shows them
@@ -108,6 +108,19 @@ def run_gate(
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     report = withheld(replace(report, problems=(*problems, *report.problems)))
     return replace(report, notes=(*notes, *report.notes)), results
+
+
+def located(results: SweepResults, results_file: Path) -> SweepResults:
+    """`results` with each model file the sweep wrote into its run folder named where it is now, beside
+    `results_file` (qbench.runs.where_now): the gate's check that it is still the model measured, the export and
+    `qbench track` then read the run folder as it was handed over (moved, downloaded elsewhere), not a path of the
+    machine that swept it, where the file is gone and an edited copy went unchecked."""
+    def moved(path: str | None) -> str | None:
+        return None if path is None else where_now(path, results_file.resolve().parent)
+
+    variants = tuple(replace(v, model_path=moved(v.model_path), evaluated_model_path=moved(v.evaluated_model_path))
+                     for v in results.variants)  # fmt: skip
+    return replace(results, variants=variants)
 
 
 def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:

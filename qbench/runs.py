@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import urllib.parse
@@ -30,6 +31,7 @@ from qbench.supervisor import supervised
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
 TRACKING_FILE = "tracking.json"
+RUN_FOLDER_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")  # new_run_dir's names: <UTC time>-<6 hex digits>
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ def utc_now() -> str:
 def new_run_dir(root: Path) -> Path:
     """A fresh folder <root>/<UTC time>-<random suffix>, created exclusively and marked INCOMPLETE (running)."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    folder = root / f"{stamp}-{secrets.token_hex(3)}"
+    folder = root / f"{stamp}-{secrets.token_hex(3)}"  # RUN_FOLDER_NAME
     try:
         root.mkdir(parents=True, exist_ok=True)
         folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
@@ -58,6 +60,19 @@ def new_run_dir(root: Path) -> Path:
         raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
                           f"{root.name}/ in it writable") from exc  # fmt: skip
     return folder
+
+
+def where_now(recorded: str, run_folder: Path) -> str:
+    """`recorded`, the absolute path of a file a sweep wrote into its own run folder (a variant's model), where that
+    file is now that the run folder is `run_folder`: a run folder uploaded as a CI artifact and gated in a later job,
+    or a checkout at another path, holds the file under its new path, not the recorded one. A path outside a run
+    folder of `run_folder`'s name (an input's copy in the build store), or a `run_folder` that is no run folder's
+    name (results.json copied out alone), is kept as recorded."""
+    parts = Path(recorded).parts
+    if not RUN_FOLDER_NAME.fullmatch(run_folder.name) or run_folder.name not in parts:
+        return recorded
+    inside = parts[len(parts) - parts[::-1].index(run_folder.name):]
+    return str(run_folder.joinpath(*inside))
 
 
 def run_folder_writes(folder: Path) -> AbstractContextManager[None]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qbench.runs import INCOMPLETE_MARKER, describe_run, new_run_dir
+from qbench.runs import INCOMPLETE_MARKER, RUN_FOLDER_NAME, describe_run, new_run_dir, where_now
 
 
 def _ended_pid() -> int:
@@ -57,3 +57,13 @@ def test_a_run_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> 
     blocker.write_text("a file where the recipe's output_dir should be")
     with pytest.raises(QbenchError, match=r"cannot create the run folder .*reports/digits/.*; expected output_dir"):
         new_run_dir(blocker / "digits")
+
+
+def test_a_file_of_a_run_folder_is_found_where_the_run_folder_is_now(tmp_path: Path) -> None:
+    run = tmp_path / "checkout" / "reports" / "demo" / "20261129-060441-5ae27d"
+    recorded = "/home/runner/work/reports/demo/20261129-060441-5ae27d/models/int8.onnx"
+    assert where_now(recorded, run) == str(run / "models" / "int8.onnx")
+    cached = "/root/.cache/qbench/builds/sources/ab12/model.onnx"  # a build store's copy: no run folder's file
+    assert where_now(cached, run) == cached
+    assert where_now(recorded, tmp_path / "reports") == recorded  # results.json copied out of its run folder alone
+    assert RUN_FOLDER_NAME.fullmatch(new_run_dir(tmp_path / "demo").name)  # the names the rule recognises are a sweep's
