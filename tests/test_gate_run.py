@@ -9,12 +9,16 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
+import onnx
 import yaml
+from onnx import numpy_helper
 from tiny_linear import make_linear_project
 
 from qbench.cli_app import main
 from qbench.export.triton import export_triton
 from qbench.recipe import load_recipe
+from qbench.runs import new_run_dir
 
 
 def test_a_run_folder_moved_with_its_checkout_is_judged_and_exported_from_where_it_is_now(
@@ -44,3 +48,44 @@ def test_a_run_folder_moved_with_its_checkout_is_judged_and_exported_from_where_
     capsys.readouterr()
     assert main(["gate", str(gated_in / "linear.yaml")]) == 2
     assert f"the model file {moved} is not the model measured" in capsys.readouterr().out
+
+
+def test_two_checkouts_sharing_an_output_folder_each_judge_their_own_run(tmp_path: Path, capsys) -> None:
+    """Two CI jobs at once on one runner, each in its own checkout, their recipe writing to one absolute output_dir:
+    each job's `qbench gate` took the newest run in the folder, the other job's. Job A's was refused as stale (its
+    own model 'changed since the sweep', exit 2) though its own fresh run lay beside it, and it tagged job B's MLflow
+    run with that verdict; a sweep of B still running refused A's gate ('wait for it')."""
+    shared = tmp_path / "runner" / "reports"
+    checkouts = []
+    for job, shift in (("job-a", 0.0), ("job-b", 0.5)):
+        root = tmp_path / job
+        root.mkdir()
+        recipe = make_linear_project(root, f"sqlite:///{(root / 'mlflow.db').as_posix()}")
+        raw = yaml.safe_load(recipe.read_text())
+        raw["output_dir"] = str(shared)
+        recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+        model = onnx.load(str(root / "linear.onnx"))
+        model.graph.initializer[1].CopyFrom(numpy_helper.from_array(  # B's model: another bias
+            numpy_helper.to_array(model.graph.initializer[1]) + np.float32(shift), "b"))  # fmt: skip
+        onnx.save(model, str(root / "linear.onnx"))
+        checkouts.append(recipe)
+    job_a, job_b = checkouts
+    assert main(["sweep", str(job_a), "--no-track"]) == 0
+    assert main(["sweep", str(job_b), "--no-track"]) == 0  # the newest run in the shared folder: B's
+    capsys.readouterr()
+    assert main(["gate", str(job_a)]) == 0
+    assert "stale" not in capsys.readouterr().out
+    assert main(["gate", str(job_b)]) == 0
+
+    new_run_dir(shared / "linear", job_b)  # B sweeps again: its run is in progress
+    assert main(["gate", str(job_a)]) == 0
+    assert main(["gate", str(job_b)]) == 2  # B's own newest run is incomplete: never a fall back to an older one
+
+    for results in (shared / "linear").glob("*/results.json"):
+        if json.loads(results.read_text())["recipe"]["path"] == str(job_a):
+            shutil.rmtree(results.parent)
+    capsys.readouterr()
+    assert main(["gate", str(job_a)]) == 2  # A has no run of its own there
+    shown = " ".join(capsys.readouterr().err.split())
+    assert f"no results of {job_a} under {shared / 'linear'}: the runs there were swept by other checkouts" in shown
+    assert str(job_b) in shown
