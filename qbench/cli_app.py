@@ -34,6 +34,7 @@ from qbench.console import console as err_console
 from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
+from qbench.interrupt import held
 from qbench.supervisor import address_space_note
 
 if TYPE_CHECKING:
@@ -99,23 +100,25 @@ def sweep(
     With --gate, the verdict is reported as `qbench gate` reports it (the same options, the same
     GITHUB_STEP_SUMMARY table) and the recipe's registry section (or --register) registers the winners.
     """
-    if track and not plan:  # its import of MLflow overlaps this process's own imports and the sweep's preparation
-        from qbench.track_process import prestart
-
-        prestart()
-    from qbench.recipe import load_recipe
-    from qbench.recipe_executor import with_executor
-    from qbench.report import print_summary
-    from qbench.slo import with_prices
-    from qbench.sweep import run_sweep
-
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     if not gate and output != GateOutput():
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
         output.refuse_overwriting(recipe)
-        # --gate: the report files say how the command ended, whichever way (qbench.cli_gate.reported_ending)
+        # --gate: the report files say how the command ended, whichever way (qbench.cli_gate.reported_ending), a
+        # signal during the imports below included (seconds on a loaded runner, where a CI timeout's SIGTERM left none)
         with reported_ending(output) if gate and not plan else contextlib.nullcontext() as ending:
+            with held():  # a signal waits for the imports: a module cut short in its import cannot write the reports
+                if track and not plan:  # its import of MLflow overlaps this process's imports and the preparation
+                    from qbench.track_process import prestart
+
+                    prestart()
+                from qbench.recipe import load_recipe
+                from qbench.recipe_executor import with_executor
+                from qbench.report import print_summary
+                from qbench.slo import with_prices
+                from qbench.sweep import run_sweep
+
             loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
             if plan:
                 _print_plan(loaded, rerun_failed=rerun_failed)
@@ -227,14 +230,15 @@ def gate(
     --register NAME), a passing gate registers its winners in the MLflow Model Registry; a failing
     one registers nothing and moves no alias.
     """
-    from qbench.gate_run import latest_results, run_gate
-    from qbench.provenance import recorded_recipe
-    from qbench.recipe import load_recipe
-
     output = GateOutput(verbose, junit, json_path, register, alias, no_register)
     output.refuse_overwriting(recipe, results)
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
         with reported_ending(output) as ending:  # the report files say how the command ended, whichever way
+            with held():  # a signal during these imports too, once they are done (as in `sweep`)
+                from qbench.gate_run import latest_results, run_gate
+                from qbench.provenance import recorded_recipe
+                from qbench.recipe import load_recipe
+
             loaded = load_recipe(recipe) if recipe else None
             if loaded is None and results is None:
                 raise QbenchError("qbench gate needs a recipe or --results FILE")

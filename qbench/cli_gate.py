@@ -14,6 +14,7 @@ from qbench.console import console as err_console
 from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
 from qbench.errors import OUT_OF_MEMORY, QbenchError, environment_cause, one_line
+from qbench.gate_report_paths import check_report_path
 from qbench.supervisor import address_space_note
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ class GateOutput:
     def refuse_overwriting(self, *inputs: Path | None) -> None:
         """--junit / --json must not name a file the gate reads (the recipe, the results judged): writing the
         report there would destroy what it judged, before anyone could see why it failed."""
-        from qbench.gate_report import check_report_path
-
         protected = {p.resolve() for p in inputs if p is not None}
         for option, path in (("--junit", self.junit), ("--json", self.json_path)):
             if path is not None and names_stdout(path):

@@ -86,8 +86,8 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
         images = {image_files_input(column): f"unreadable: {exc}" for column in recipe.data.image_columns}
     check = changed_inputs(results.inputs, files, images)
     problems = [
-        f"stale results: {name} ({results.inputs[name]['path']}) changed since the sweep: re-run `qbench sweep`"
-        if name in results.inputs else
+        f"stale results: {name} ({files.get(name, results.inputs[name]['path'])}) changed since the sweep: re-run "
+        "`qbench sweep`" if name in results.inputs else
         f"stale results: the recipe reads {name}, but the results record no digest of it: re-run `qbench sweep`"
         for name in check.changed
     ]  # fmt: skip

@@ -23,6 +23,7 @@ from qbench.files import file_in_the_way, write_atomically
 from qbench.gate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport, named_some
 from qbench.gate import problem_owner as owner_of
 from qbench.gate_outputs import COLLAPSED, SPREAD_METRIC
+from qbench.gate_report_paths import check_report_path
 from qbench.report_grid import compared, figure, md_cell
 from qbench.slo import SLO_SCOPE
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
@@ -343,38 +344,6 @@ def write_report(path: Path, text: str) -> Path:
         raise QbenchError(f"{path}: cannot write the gate report: {exc.strerror or exc}") from exc
     write_atomically(target, text, what="the gate report")
     return path
-
-
-def check_report_path(path: Path) -> None:
-    """Refuse a report path holding a file that `write_report` would not replace (checked before a sweep, too)."""
-    target = path.resolve()
-    if target.is_file() and not _replaceable(target):
-        raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
-                          "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip
-
-
-_REPORT_KEYS = frozenset({"schema_version", "verdict", "exit_code", "checks"})
-
-
-def _replaceable(path: Path) -> bool:
-    """An empty file, or a report this module wrote (the JSON document, the JUnit XML)."""
-    if path.stat().st_size == 0:
-        return True
-    if path.stat().st_size > 64 << 20:  # no gate report is this big
-        return False
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        document = json.loads(text)
-        return isinstance(document, dict) and _REPORT_KEYS <= document.keys()
-    except ValueError:
-        pass
-    import xml.etree.ElementTree as ET  # only here: a sweep imports this module and never reads XML
-
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError:
-        return False
-    return root.tag == "testsuites" and root.get("name", "").startswith("qbench")
 
 
 STEP_SUMMARY_LIMIT = 1 << 20

@@ -23,7 +23,7 @@ from qbench.gate_fresh import another_recipe_file, changed_models, edited_recipe
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
-from qbench.runs import RESULTS_FILE, newest_run
+from qbench.runs import RESULTS_FILE, newest_run, of_another_checkout, run_folders, where_now
 from qbench.slo import repriced
 
 if TYPE_CHECKING:
@@ -34,10 +34,21 @@ def latest_results(recipe: Recipe) -> Path:
     """The results.json of the recipe's newest run under <output_dir>/<name>/, by the times recorded in the runs.
 
     Fails closed: when the newest run is incomplete (interrupted, crashed or still running), that is an
-    error naming it, never a silent fall back to an older complete run.
+    error naming it, never a silent fall back to an older complete run. Runs written there by another checkout of
+    the recipe still on this machine (sharing the folder: two CI jobs at once) are that checkout's: judged, they were
+    stale against this checkout's inputs, or passed on them.
     """
     root = recipe.output_path / recipe.name
-    run = newest_run(root)
+    runs = run_folders(root)
+    own = [run for run in runs if not of_another_checkout(run, recipe.source)]
+    run = newest_run(own)
+    if run is None and runs:
+        others = sorted({str(r.written_by) for r in runs})
+        raise QbenchError(
+            f"no results of {recipe.source} under {root}: the runs there were swept by other checkouts of the recipe "
+            f"on this machine writing to the same folder ({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}"
+            f"): run `qbench sweep {recipe.source}` first, or judge one of those runs with --results FILE"
+        )
     if run is None:
         blocking = next((path for path in (root, *root.parents) if path.exists()), root)
         if not blocking.is_dir():  # no sweep could write there: running one first would not help
@@ -75,7 +86,7 @@ def run_gate(
     if recipe is None and results_path is None:
         raise QbenchError("qbench gate needs a recipe or --results FILE")
     path = results_path if results_path is not None else latest_results(recipe)
-    results = read_results(path)
+    results = located(read_results(path), path)
     try:
         recorded = recorded_recipe(results.recipe, path)
     except QbenchError as exc:  # intact but unjudgeable results: `qbench report` still shows them
@@ -108,6 +119,19 @@ def run_gate(
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     report = withheld(replace(report, problems=(*problems, *report.problems)))
     return replace(report, notes=(*notes, *report.notes)), results
+
+
+def located(results: SweepResults, results_file: Path) -> SweepResults:
+    """`results` with each model file the sweep wrote into its run folder named where it is now, beside
+    `results_file` (qbench.runs.where_now): the gate's check that it is still the model measured, the export and
+    `qbench track` then read the run folder as it was handed over (moved, downloaded elsewhere), not a path of the
+    machine that swept it, where the file is gone and an edited copy went unchecked."""
+    def moved(path: str | None) -> str | None:
+        return None if path is None else where_now(path, results_file.resolve().parent)
+
+    variants = tuple(replace(v, model_path=moved(v.model_path), evaluated_model_path=moved(v.evaluated_model_path))
+                     for v in results.variants)  # fmt: skip
+    return replace(results, variants=variants)
 
 
 def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:

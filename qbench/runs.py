@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import urllib.parse
@@ -30,6 +31,7 @@ from qbench.supervisor import supervised
 INCOMPLETE_MARKER = "INCOMPLETE"
 RESULTS_FILE = "results.json"
 TRACKING_FILE = "tracking.json"
+RUN_FOLDER_NAME = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}")  # new_run_dir's names: <UTC time>-<6 hex digits>
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,9 @@ class RunFolder:
     recorded_at: datetime  # complete: when its results were finished; incomplete: when its sweep started
     complete: bool
     state: str  # "complete", or the marker's state ("running", "interrupted by SIGINT", "failed: ...")
+    # the recipe file whose sweep wrote the folder where it lies now; None where not recorded (an older qbench's) or
+    # where the folder was moved or copied here since (a CI artifact, a checkout at another path)
+    written_by: Path | None = None
 
 
 def utc_now() -> str:
@@ -45,19 +50,34 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-def new_run_dir(root: Path) -> Path:
-    """A fresh folder <root>/<UTC time>-<random suffix>, created exclusively and marked INCOMPLETE (running)."""
+def new_run_dir(root: Path, recipe_file: Path | None = None) -> Path:
+    """A fresh folder <root>/<UTC time>-<random suffix>, created exclusively and marked INCOMPLETE (running) by the
+    sweep of `recipe_file`."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    folder = root / f"{stamp}-{secrets.token_hex(3)}"
+    folder = root / f"{stamp}-{secrets.token_hex(3)}"  # RUN_FOLDER_NAME
     try:
         root.mkdir(parents=True, exist_ok=True)
         folder.mkdir(exist_ok=False)  # a name collision is an error, never a shared folder
         _write_marker(folder, {"started_at": utc_now(), "state": "running", "pid": os.getpid(),
-                               "host": socket.gethostname(), "supervised": supervised()})  # fmt: skip
+                               "host": socket.gethostname(), "supervised": supervised(), "folder": str(folder),
+                               "recipe": None if recipe_file is None else str(recipe_file)})  # fmt: skip
     except OSError as exc:
         raise QbenchError(f"cannot create the run folder {folder}: {exc.strerror or exc}; expected output_dir and "
                           f"{root.name}/ in it writable") from exc  # fmt: skip
     return folder
+
+
+def where_now(recorded: str, run_folder: Path) -> str:
+    """`recorded`, the absolute path of a file a sweep wrote into its own run folder (a variant's model), where that
+    file is now that the run folder is `run_folder`: a run folder uploaded as a CI artifact and gated in a later job,
+    or a checkout at another path, holds the file under its new path, not the recorded one. A path outside a run
+    folder of `run_folder`'s name (an input's copy in the build store), or a `run_folder` that is no run folder's
+    name (results.json copied out alone), is kept as recorded."""
+    parts = Path(recorded).parts
+    if not RUN_FOLDER_NAME.fullmatch(run_folder.name) or run_folder.name not in parts:
+        return recorded
+    inside = parts[len(parts) - parts[::-1].index(run_folder.name):]
+    return str(run_folder.joinpath(*inside))
 
 
 def run_folder_writes(folder: Path) -> AbstractContextManager[None]:
@@ -216,7 +236,9 @@ def describe_run(folder: Path) -> RunFolder | None:
     if marker.is_file():
         content = _read_marker(folder)
         started = _parse_time(content.get("started_at")) or _file_time(marker)
-        return RunFolder(folder, started, complete=False, state=_marker_state(content))
+        written_by = content.get("recipe") if _same_folder(content.get("folder"), folder) else None
+        return RunFolder(folder, started, complete=False, state=_marker_state(content),
+                         written_by=Path(written_by) if isinstance(written_by, str) else None)  # fmt: skip
     if not results.is_file():
         return None
     try:
@@ -226,13 +248,51 @@ def describe_run(folder: Path) -> RunFolder | None:
     if not isinstance(raw, dict):  # unreadable: the gate will say so when it reads the file
         return RunFolder(folder, _file_time(results), complete=True, state="complete")
     recorded = _parse_time(raw.get("finished_at")) or _parse_time(raw.get("created_at")) or _file_time(results)
+    written_by = _results_writer(raw.get("recipe"), folder)
     if raw.get("complete", True) is not True:
-        return RunFolder(folder, recorded, complete=False, state="incomplete results")
-    return RunFolder(folder, recorded, complete=True, state="complete")
+        return RunFolder(folder, recorded, complete=False, state="incomplete results", written_by=written_by)
+    return RunFolder(folder, recorded, complete=True, state="complete", written_by=written_by)
 
 
-def newest_run(root: Path) -> RunFolder | None:
-    """The run folder under `root` with the latest recorded time, complete or not; None when there is none."""
+def _same_folder(recorded: object, folder: Path) -> bool:
+    return isinstance(recorded, str) and Path(recorded).resolve() == folder.resolve()
+
+
+def _results_writer(record: object, folder: Path) -> Path | None:
+    """The recipe file results.json records (its `recipe.path`) where its output_dir, as that file resolved it, is the
+    folder the run lies in now; None otherwise."""
+    if not isinstance(record, dict) or not isinstance(record.get("path"), str):
+        return None
+    resolved = record.get("resolved")
+    output_dir = resolved.get("output_dir") if isinstance(resolved, dict) else None
+    name = record.get("name")
+    if not isinstance(output_dir, str) or not isinstance(name, str):
+        return None
+    recipe_file = Path(record["path"])
+    written_in = recipe_file.parent / output_dir / name
+    return recipe_file if _same_folder(str(written_in), folder.parent) else None
+
+
+def run_folders(root: Path) -> list[RunFolder]:
+    """The run folders under `root`, complete or not."""
     folders = [folder for folder in root.iterdir() if folder.is_dir()] if root.is_dir() else []
-    runs = [run for run in map(describe_run, folders) if run is not None]
+    return [run for run in map(describe_run, folders) if run is not None]
+
+
+def newest_run(runs: list[RunFolder]) -> RunFolder | None:
+    """The run with the latest recorded time; None when there is none."""
     return max(runs, key=lambda run: (run.recorded_at, run.path.name), default=None)
+
+
+def of_another_checkout(run: RunFolder, recipe_file: Path) -> bool:
+    """Whether `run` was written where it lies by the sweep of a recipe file of `recipe_file`'s name in another folder
+    that is still on this machine: another checkout of the project whose recipe writes to the same folder (two CI
+    jobs at once on one runner, an absolute output_dir). Its results answer for that checkout's inputs, not for this
+    one's. A run folder moved or copied since (a CI artifact downloaded, a checkout elsewhere), one whose recipe file
+    is gone, or one of another recipe file beside this one may be this recipe's (the gate checks which)."""
+    if run.written_by is None or run.written_by.name != recipe_file.name:
+        return False
+    try:
+        return run.written_by.is_file() and not run.written_by.samefile(recipe_file)
+    except OSError:
+        return False

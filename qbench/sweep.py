@@ -125,7 +125,8 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             if local:  # the reference runs every batch size asked for, or nothing is built (a cluster's nodes check)
                 _check_reference_runs(prepared)
             clock.add("prepare", t)
-            run_dir = new_run_dir(recipe.output_path / recipe.name)  # absolute: builders may change the cwd
+            # absolute: builders may change the cwd; the recipe file named, so a gate tells its runs from others'
+            run_dir = new_run_dir(recipe.output_path / recipe.name, recipe.source)
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
             write_plan(run_dir, plan, resumes=resume_from,
                        project_modules={name: entry.sha256 for name, entry in modules.items()})  # what a resume compares

@@ -26,7 +26,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
-from qbench.runs import without_password
+from qbench.runs import RUN_FOLDER_NAME, without_password
 from qbench.track_uri import check_reachable, resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
@@ -66,6 +66,12 @@ def search_literal(value: str) -> str:
 
 
 def _run_dir_filter(run_dir: Path) -> str:
+    """Runs tagged with the run folder `run_dir` wherever it lay as its sweep logged them: a run folder keeps the name
+    its sweep gave it (qbench.runs.RUN_FOLDER_NAME: the UTC second and 24 random bits) when it is uploaded as a CI
+    artifact and gated, registered or tracked by a later job at another path, where its full path named no run (the
+    gate tagged nothing, `--register` exited 2, 'the sweep was not tracked')."""
+    if RUN_FOLDER_NAME.fullmatch(run_dir.name):
+        return f"tags.`{RUN_DIR_TAG}` LIKE {search_literal('%' + run_dir.name)}"
     return f"tags.`{RUN_DIR_TAG}` = {search_literal(str(run_dir.resolve()))}"
 
 

@@ -31,6 +31,28 @@ HOOK = textwrap.dedent("""\
 """)
 
 
+IMPORT_HOOK = textwrap.dedent("""\
+    import os, sys
+    module_name, signum = sys.argv[1], int(sys.argv[2])
+    class SignalOnImport:
+        def find_spec(self, name, path=None, target=None):
+            if name == module_name:
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), signum)  # the handler runs here: in the middle of the import
+            return None  # the usual finders import it
+    sys.meta_path.insert(0, SignalOnImport())
+    from qbench.cli_app import main
+    sys.exit(main(sys.argv[3:]))
+""")
+
+
+def run_signalled_importing(module: str, signum: int, *args: str, env: Mapping[str, str],
+                            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`qbench ARGS` that receives `signum` as it starts importing `module` (the command's own imports)."""
+    return subprocess.run([sys.executable, "-c", IMPORT_HOOK, module, str(int(signum)), *args],
+                          capture_output=True, text=True, env=dict(env), cwd=cwd, timeout=120, check=False)  # fmt: skip
+
+
 def run_signalled(hook: str, signum: int, *args: str, env: Mapping[str, str],
                   cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """`qbench ARGS` that receives `signum` right after `hook` (module:function or module:Class.method) returns, in the middle of the

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from signalled import run_raising, run_signalled
+from signalled import run_raising, run_signalled, run_signalled_importing
 from user_model import make_user_project
 
 from qbench.cli_app import main
@@ -167,6 +167,20 @@ def test_sweep_gate_signalled_outside_the_sweep_says_why(project, tmp_path, hook
                                hook=hook, action="SIGTERM"))  # fmt: skip
     assert_no_verdict(ending, INTERRUPTED.format("SIGTERM"), checks=checks, verdict="interrupted")
     assert ending.report["counts"]["breaches"] == checks  # the verdict's breaches are still shown, with the reason
+
+
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+def test_a_signal_while_the_command_imports_its_libraries_is_reported(project, tmp_path, command):
+    """The libraries a command imports (pandas, numpy, ONNX Runtime) take seconds on a loaded CI runner, and were
+    imported before the report files were promised: a CI timeout's SIGTERM then (the first 3-5 s of a `sweep --gate`
+    on a busy 2-core machine) wrote none, and a gate report an earlier run left said pass. A signal cutting an import
+    short would also leave a module that cannot be imported again to write them: it waits for the imports."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400", "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")}
+    args = [command, str(project.lenient), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    done = run_signalled_importing("pandas", signal.SIGTERM, *args, "--junit", str(tmp_path / "gate.xml"), "--json",
+                                   str(tmp_path / "gate.json"), env=env, cwd=project.root)  # fmt: skip
+    assert_no_verdict(ended(done, tmp_path), INTERRUPTED.format("SIGTERM"), checks=0, verdict="interrupted")
+    assert done.stderr.strip().splitlines()[-1] == "qbench: error: interrupted"
 
 
 def test_a_disk_that_cannot_take_the_reports_is_one_line_and_no_file(project, tmp_path):

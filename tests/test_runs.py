@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from qbench.runs import INCOMPLETE_MARKER, describe_run, new_run_dir
+from qbench.runs import (
+    INCOMPLETE_MARKER,
+    RUN_FOLDER_NAME,
+    describe_run,
+    new_run_dir,
+    of_another_checkout,
+    where_now,
+)
 
 
 def _ended_pid() -> int:
@@ -57,3 +64,36 @@ def test_a_run_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> 
     blocker.write_text("a file where the recipe's output_dir should be")
     with pytest.raises(QbenchError, match=r"cannot create the run folder .*reports/digits/.*; expected output_dir"):
         new_run_dir(blocker / "digits")
+
+
+def test_a_file_of_a_run_folder_is_found_where_the_run_folder_is_now(tmp_path: Path) -> None:
+    run = tmp_path / "checkout" / "reports" / "demo" / "20261129-060441-5ae27d"
+    recorded = "/home/runner/work/reports/demo/20261129-060441-5ae27d/models/int8.onnx"
+    assert where_now(recorded, run) == str(run / "models" / "int8.onnx")
+    cached = "/root/.cache/qbench/builds/sources/ab12/model.onnx"  # a build store's copy: no run folder's file
+    assert where_now(cached, run) == cached
+    assert where_now(recorded, tmp_path / "reports") == recorded  # results.json copied out of its run folder alone
+    assert RUN_FOLDER_NAME.fullmatch(new_run_dir(tmp_path / "demo").name)  # the names the rule recognises are a sweep's
+
+
+def test_a_run_written_in_place_by_another_checkout_still_here_is_that_checkouts(tmp_path: Path) -> None:
+    mine, theirs = tmp_path / "a" / "recipe.yaml", tmp_path / "b" / "recipe.yaml"
+    for recipe in (mine, theirs):
+        recipe.parent.mkdir()
+        recipe.write_text("name: demo\n")
+    run = describe_run(new_run_dir(tmp_path / "shared" / "demo", theirs))
+    assert run is not None and run.written_by == theirs
+    assert of_another_checkout(run, mine) and not of_another_checkout(run, theirs)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(theirs)
+    assert not of_another_checkout(run, link)  # the same file, named through a link
+    beside = theirs.with_name("strict.yaml")  # another recipe file of that project: the gate compares its sections
+    beside.write_text("name: demo\n")
+    assert not of_another_checkout(run, beside)
+
+    moved = tmp_path / "downloaded" / run.path.name  # a CI artifact: the folder is not where its sweep wrote it
+    moved.parent.mkdir()
+    run.path.rename(moved)
+    assert describe_run(moved).written_by is None
+    theirs.unlink()  # the other checkout is gone: its runs may be this recipe's (the gate checks their inputs)
+    assert not of_another_checkout(run, mine)

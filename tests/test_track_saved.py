@@ -4,9 +4,11 @@ store read back with MlflowClient matches results.json), once, and its winner ca
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 from tiny_linear import make_linear_project
 
@@ -105,5 +107,32 @@ def test_gate_and_registry_find_a_default_store_from_another_working_directory(
     client = MlflowClient(f"sqlite:///{(work / 'mlflow.db').as_posix()}")
     [parent] = client.search_runs([client.get_experiment_by_name("linear").experiment_id], "tags.`qbench.run_dir` LIKE '%'")
     assert f"MLflow: gate verdict tagged on sweep run {parent.info.run_id}" in capsys.readouterr().err
-    assert client.get_model_version_by_alias("linear-model", "candidate").run_id != parent.info.run_id
+    version = client.get_model_version_by_alias("linear-model", "candidate")  # a variant's run of that sweep
+    assert client.get_run(version.run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert not list(elsewhere.iterdir())  # no store made where the gate ran
+
+
+def test_a_tracked_run_folder_gated_at_another_path_is_tagged_and_registers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A CI job sweeps into a shared store and uploads reports/; a later job downloads it into a checkout at another
+    path and runs `qbench gate --register`. The store's runs are tagged with the run folder's path on the sweeping
+    machine, so none was found: the verdict tagged nothing and `--register` exited 2 ('the sweep was not tracked')."""
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"  # a shared store: both jobs reach it
+    swept_in, gated_in = tmp_path / "job-1", tmp_path / "job-2"
+    swept_in.mkdir()
+    recipe = make_linear_project(swept_in, uri)
+    raw = yaml.safe_load(recipe.read_text())
+    raw["output_dir"] = "reports"
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert main(["sweep", str(recipe)]) == 0
+    shutil.move(swept_in, gated_in)
+    capsys.readouterr()
+
+    assert main(["gate", str(gated_in / "linear.yaml"), "--register", "linear-model"]) == 0
+    client = MlflowClient(uri)
+    [parent] = client.search_runs([client.get_experiment_by_name("linear").experiment_id],
+                                  "tags.`qbench.run_dir` LIKE '%'")  # fmt: skip
+    assert f"MLflow: gate verdict tagged on sweep run {parent.info.run_id}" in capsys.readouterr().err
+    version = client.get_model_version_by_alias("linear-model", "candidate")  # a variant's run of that sweep
+    assert client.get_run(version.run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id
