@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, short_repr
 from qbench.provenance import (
     changed_inputs,
     image_files_input,
@@ -66,6 +66,26 @@ def _changed_sections(current: Recipe, recorded: Recipe, sections: tuple[str, ..
     now = current.model_dump(mode="json", include=set(sections))
     then = recorded.model_dump(mode="json", include=set(sections))
     return [section for section in sections if now.get(section) != then.get(section)]
+
+
+def changed_fields(current: Recipe, recorded: Recipe, sections: tuple[str, ...]) -> list[str]:
+    """'gate.max_drop 0.0 -> 0.05' for each field of `sections` whose value differs between the two recipes (a section
+    present in one alone: 'slo absent -> {...}')."""
+    now = current.model_dump(mode="json", include=set(sections))
+    then = recorded.model_dump(mode="json", include=set(sections))
+    changes = []
+    for section in _changed_sections(current, recorded, sections):
+        old, new = then.get(section), now.get(section)
+        if not (isinstance(old, dict) and isinstance(new, dict)):
+            changes.append(f"{section} {_shown(old)} -> {_shown(new)}")
+            continue
+        changes += [f"{section}.{key} {_shown(old.get(key))} -> {_shown(new.get(key))}"
+                    for key in dict.fromkeys([*old, *new]) if old.get(key) != new.get(key)]  # fmt: skip
+    return changes
+
+
+def _shown(value: object) -> str:
+    return "absent" if value is None else short_repr(value)
 
 
 def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list[str]]:

@@ -19,7 +19,14 @@ from qbench.gate_checks import (
     result_problems,
     timed_batch_sizes,
 )
-from qbench.gate_fresh import another_recipe_file, changed_models, edited_recipe_file, stale_inputs, stale_sections
+from qbench.gate_fresh import (
+    another_recipe_file,
+    changed_fields,
+    changed_models,
+    edited_recipe_file,
+    stale_inputs,
+    stale_sections,
+)
 from qbench.provenance import recorded_recipe
 from qbench.recipe import Recipe
 from qbench.results import SweepResults, read_results
@@ -118,6 +125,8 @@ def run_gate(
     problems += changed_models(results)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
     report = withheld(replace(report, problems=(*problems, *report.problems)))
+    if recipe is not None and not report.problems:
+        notes += gate_changed_since_the_sweep(report, results, asked, recorded)
     return replace(report, notes=(*notes, *report.notes)), results
 
 
@@ -132,6 +141,24 @@ def located(results: SweepResults, results_file: Path) -> SweepResults:
     variants = tuple(replace(v, model_path=moved(v.model_path), evaluated_model_path=moved(v.evaluated_model_path))
                      for v in results.variants)  # fmt: skip
     return replace(results, variants=variants)
+
+
+def gate_changed_since_the_sweep(report: GateReport, results: SweepResults, asked: Recipe, recorded: Recipe) -> list[str]:
+    """A note where the recipe's gate or slo is not the one the results were swept with: the gate judges by the
+    recipe's (a tolerance tightened since is applied), and the note names each field changed and every variant the
+    sweep's own gate and slo (on the same prices) block that this one passes or no longer judges. Before, a tolerance
+    loosened after a breach (or a variant taken out of gate.applies_to) turned the stored exit 1 into exit 0 with
+    nothing said. The prices are left out: `--price` changes the recipe a sweep records, not the file."""
+    changes = changed_fields(asked, recorded, ("gate", "slo"))
+    if not changes:
+        return []
+    before = evaluate_gate(results, recorded.gate, expected=expected_pairs(asked), slo=recorded.slo)
+    pairs = dict.fromkeys((v.variant, v.backend) for v in results.variants)
+    let_through = [f"{variant}@{backend}" for variant, backend in pairs
+                   if before.status_of(variant, backend) == "fail" and report.status_of(variant, backend) != "fail"]
+    said = (f": the gate the results were swept with blocks {', '.join(let_through)}, which this one "
+            "passes or does not judge") if let_through else ""
+    return [f"judged by the recipe's {', '.join(changes)}, changed since the sweep{said}"]
 
 
 def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:

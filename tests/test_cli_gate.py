@@ -140,7 +140,8 @@ def test_pass_prints_only_the_summary_and_verbose_prints_every_check(project, ca
     recipe = project.recipe(LENIENT)
     assert main(["gate", str(recipe)]) == 0
     lines = _without_timing_notes(capsys.readouterr().out)
-    assert lines[1:] == ["gate: PASS — 2 variants × 4 scopes, 8 checks"]
+    assert lines[2:] == ["gate: PASS — 2 variants × 4 scopes, 8 checks"]
+    assert "changed since the sweep" in lines[1]  # swept under STRICT (its own test below)
     assert main(["gate", str(recipe), "--verbose"]) == 0
     shown = capsys.readouterr().out
     rows = [line.split() for line in shown.splitlines() if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
@@ -347,3 +348,27 @@ def test_results_alone_judged_by_their_embedded_recipe_say_when_its_file_now_ask
         assert "recipe file" not in capsys.readouterr().out
     finally:
         recipe.write_text(swept)
+
+
+def test_a_gate_changed_since_the_sweep_is_applied_and_a_breach_it_lets_through_is_named(project, capsys):
+    """`qbench gate <recipe>` judges by the recipe's gate, not the one the results were swept with: a tightened one
+    is applied, and a loosened one passes. Before, the loosened gate turned the sweep's exit 1 into exit 0 and said
+    nothing of it: a CI step passes where the sweep blocked."""
+    assert main(["gate", str(project.recipe(LENIENT))]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "changed since the sweep" in line]
+    assert notes == ["gate note: judged by the recipe's gate.metric 'max_abs_error' -> 'agreement', gate.max_drop 0.0 -> "
+                     "0.9, gate.max_slice_drop 0.0 -> 0.9, gate.applies_to ['int8-*'] -> ['*'], changed since the sweep: "
+                     f"the gate the results were swept with blocks int8-minmax@{BACKEND}, which this one passes or "
+                     "does not judge"]
+    unjudged = {**STRICT, "applies_to": ["fp16"]}  # the breaching variant taken out of the gate: fp16 breaches alone
+    assert main(["gate", str(project.recipe(unjudged))]) == 1
+    said = ("gate note: judged by the recipe's gate.applies_to ['int8-*'] -> ['fp16'], changed since the sweep: the gate "
+            f"the results were swept with blocks int8-minmax@{BACKEND}, which this one passes or does not judge")
+    assert said in capsys.readouterr().out.splitlines()
+    widened = {**STRICT, "applies_to": ["*"]}  # a stricter gate is applied: fp16 is judged too, and breaches
+    assert main(["gate", str(project.recipe(widened))]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert "gate note: judged by the recipe's gate.applies_to ['int8-*'] -> ['*'], changed since the sweep" in lines
+    assert any(line.startswith(f"BREACH fp16@{BACKEND} overall") for line in lines)
+    assert main(["gate", str(project.recipe(STRICT))]) == 1  # the sweep's own gate: nothing changed, nothing said
+    assert "changed since the sweep" not in capsys.readouterr().out
