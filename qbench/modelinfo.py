@@ -67,10 +67,12 @@ class TensorMeta:
         return f"[{', '.join(dims)}]"
 
     def describe(self) -> str:
-        """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
+        """'name (float32, [None, 3])', 'name (float32, shape not stated)' (where [] would read as a scalar) or
+        'name (seq(map(int64,float32)))'."""
         if self.kind == "tensor":
             dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-            return f"{plain_name(self.name)} ({self.dtype}, [{dims}])"
+            shape = "shape not stated" if not self.shape and not self.scalar else f"[{dims}]"
+            return f"{plain_name(self.name)} ({self.dtype}, {shape})"
         return f"{plain_name(self.name)} ({self.type_name})"
 
 
