@@ -67,10 +67,12 @@ class TensorMeta:
         return f"[{', '.join(dims)}]"
 
     def describe(self) -> str:
-        """'name (float32, [None, 3])' or 'name (seq(map(int64,float32)))'."""
+        """'name (float32, [None, 3])', 'name (float32, shape not stated)' (where [] would read as a scalar) or
+        'name (seq(map(int64,float32)))'."""
         if self.kind == "tensor":
             dims = ", ".join("None" if d is None else str(d) for d in self.shape)
-            return f"{plain_name(self.name)} ({self.dtype}, [{dims}])"
+            shape = "shape not stated" if not self.shape and not self.scalar else f"[{dims}]"
+            return f"{plain_name(self.name)} ({self.dtype}, {shape})"
         return f"{plain_name(self.name)} ({self.type_name})"
 
 
@@ -210,16 +212,25 @@ def _elem_dtype(elem_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)) if elem_type else np.dtype(object)
 
 
+def _elem_name(elem_type: int) -> str:
+    """An element type as a user reads it: NumPy's name, `string` for text (NumPy holds it as `object`)."""
+    from onnx import TensorProto
+
+    return "string" if elem_type == TensorProto.STRING else str(_elem_dtype(elem_type))
+
+
 def _type_name(type_proto: onnx.TypeProto) -> str:
-    """ONNX's own spelling of a type: tensor(float), seq(map(int64,tensor(float)))."""
+    """ONNX's spelling of a type, with NumPy's element names: tensor(float32), seq(map(int64,tensor(float32))),
+    map(string,tensor(float32))."""
     field = type_proto.WhichOneof("value")
     if field == "tensor_type":
-        return f"tensor({_elem_dtype(type_proto.tensor_type.elem_type)})"
+        return f"tensor({_elem_name(type_proto.tensor_type.elem_type)})"
     if field == "sequence_type":
         return f"seq({_type_name(type_proto.sequence_type.elem_type)})"
     if field == "map_type":
-        key = _elem_dtype(type_proto.map_type.key_type)
-        return f"map({key},{_type_name(type_proto.map_type.value_type)})"
+        return f"map({_elem_name(type_proto.map_type.key_type)},{_type_name(type_proto.map_type.value_type)})"
+    if field == "optional_type":
+        return f"optional({_type_name(type_proto.optional_type.elem_type)})"
     return field or "unknown"
 
 

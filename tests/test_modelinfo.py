@@ -50,6 +50,18 @@ def test_other_non_tensor_outputs_are_kept_and_named(tmp_path: Path) -> None:
     assert (meta.kind, meta.type_name) == ("other", "seq(tensor(float32))")
 
 
+def test_an_output_without_a_stated_shape_is_described_so_not_as_a_scalar(tmp_path: Path) -> None:
+    """A ConcatFromSequence output added as onnx.helper.make_tensor_value_info(name, type, None): it was listed
+    'joined (float32, [])', as a scalar output is, which qbench passes over."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3])
+    joined = helper.make_tensor_value_info("joined", TensorProto.FLOAT, None)
+    total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [])
+    nodes = [helper.make_node("Relu", ["x"], ["joined"]), helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)]
+    outputs = read_model_info(_save(tmp_path, nodes, [x], [joined, total])).outputs
+    assert [outputs["joined"].describe(), outputs["total"].describe()] == [
+        "joined (float32, shape not stated)", "total (float32, [])"]
+
+
 def test_outputs_copying_an_input_are_marked(tmp_path: Path) -> None:
     ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, [None, 4])
     copy = helper.make_tensor_value_info("ids_copy", TensorProto.FLOAT, [None, 4])

@@ -1,5 +1,5 @@
 """Model inputs a column cannot feed, as `qbench validate` meets them: a scalar (rank-0) input or a fixed-length vector
-beside a dynamic batch, one value per call, and an input with a default (an initializer of the same name), which qbench holds constant; each is one line naming
+beside a dynamic batch, one value per call, an input with a default (an initializer of the same name), which qbench holds constant, and an input that is no tensor (a map); each is one line naming
 the input and what to do, and the default route passes."""
 
 from __future__ import annotations
@@ -102,3 +102,27 @@ def test_a_rank_1_input_beside_a_fixed_batch_is_fed_one_value_per_row(
     """x [3, 4] fixes a batch of 3: t [3] is then a batch of scalars, one a row, as the batch-size fields follow."""
     _temperature_model(tmp_path / "model.onnx", default=None, t_shape=(3,), batch=3)
     assert _validate(tmp_path, {"x": "x", "t": "t"}, capsys) == (0, [])
+
+
+def test_a_map_input_is_refused_as_no_tensor_before_the_model_is_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """scikit-learn's DictVectorizer, converted, takes a map(string, float): fed a column as a tensor, ONNX Runtime
+    refused every batch, reported as a reference that does not run on onnxruntime-cpu ('expected to be of type')."""
+    map_type = helper.make_map_type_proto(TensorProto.STRING, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
+    graph = helper.make_graph(
+        [helper.make_node("DictVectorizer", ["t"], ["v"], domain="ai.onnx.ml", string_vocabulary=["a", "b", "c"]),
+         helper.make_node("Add", ["x", "v"], ["h"]), helper.make_node("Softmax", ["h"], ["probs"], axis=-1)],
+        "vectorised", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3]),
+                       helper.make_value_info("t", map_type)],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])])  # fmt: skip
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 17),
+                                                                  helper.make_opsetid("ai.onnx.ml", 3)])  # fmt: skip
+    onnx.checker.check_model(model)
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    code, errors = _validate(tmp_path, {"x": "x", "t": "t"}, capsys, (3,))
+    assert code == 2
+    assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' takes a "
+                      "map(string,tensor(float32)), not a tensor, where qbench feeds a column as a tensor, one value "
+                      "per row along axis 0; expected a model whose inputs are tensors (convert or export it from the "
+                      "step that turns each row's values into a tensor on, fed from list or number columns)"]  # fmt: skip

@@ -219,7 +219,7 @@ def _check_mapping(
                 raise RecipeError(recipe_file, field, message)
             fed_by[input_name] = column
     for name, meta in model_inputs.items():
-        why = _per_call_input(meta, model_inputs)
+        why = _container_input(meta) or _per_call_input(meta, model_inputs)
         if why:
             field = f"{INPUTS_FIELD}.{fed_by[name]}" if name in fed_by else INPUTS_FIELD
             raise RecipeError(recipe_file, field, why)
@@ -228,6 +228,17 @@ def _check_mapping(
         message = f"model input {unfed[0]!r} is fed by no column; add `<column>: {unfed[0]}`"
         raise RecipeError(recipe_file, INPUTS_FIELD, message)
     return fed
+
+
+def _container_input(meta: TensorMeta) -> str | None:
+    """Why a model input that is no tensor (a map, a sequence, an optional: scikit-learn's DictVectorizer takes a
+    map(string, float)) cannot be fed from a column, None for a tensor. Fed the column as a tensor, ONNX Runtime
+    refused every batch, which read as a model that does not run."""
+    if meta.kind == "tensor":
+        return None
+    return (f"model input {meta.name!r} takes a {meta.type_name}, not a tensor, where qbench feeds a column as a "
+            "tensor, one value per row along axis 0; expected a model whose inputs are tensors (convert or export it "
+            "from the step that turns each row's values into a tensor on, fed from list or number columns)")
 
 
 def _per_call_input(meta: TensorMeta, model_inputs: dict[str, TensorMeta]) -> str | None:

@@ -325,12 +325,32 @@ def thresholded_log_problem(output: TensorMeta) -> str | None:
             "wrong; name the output before the Log, or export the logits")
 
 
+def container_problem(task: str, output: TensorMeta) -> str | None:
+    """Why `task` cannot read an output that is no tensor, and what to return instead; None for a tensor. A ZipMap's
+    per-row maps are classification's alone; a sequence, an optional or a map of its own no task reads (each reads the
+    rows on axis 0 of a tensor), so the refusal says how to make a tensor of it, never which other task to try."""
+    if output.kind == "tensor":
+        return None
+    if output.kind == "map":
+        return (f"output {output.name!r} is a {output.type_name} (per-row class scores, as a ZipMap writes): task "
+                f"{task!r} cannot read it; expected a tensor output, or task 'classification'")
+    if output.type_name.startswith("seq("):
+        remedy = ("add the tensors the sequence is made from to the graph's outputs and name them in model.outputs, or "
+                  "join it into one tensor with ConcatFromSequence (the rows on axis 0)")
+    elif output.type_name.startswith("optional("):
+        remedy = "return its value through OptionalGetElement"
+    else:
+        remedy = "return the tensor it is made from"
+    return (f"output {output.name!r} is a {output.type_name}, not a tensor: no task reads it (each reads a tensor "
+            f"holding the rows on axis 0); expected a tensor output: {remedy}")
+
+
 def float_output_problem(task: str, output: TensorMeta) -> str | None:
     """The common refusal of tasks that read only float tensors (embedding, regression, multilabel)."""
     if output.passthrough_of is not None:
         return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
     if output.kind != "tensor":
-        return f"output {output.name!r} is a {output.type_name}, not a float tensor: task {task!r} cannot read it"
+        return container_problem(task, output)
     if not is_float(output):
         return (f"output {output.name!r} holds {output.dtype} values: task {task!r} reads float outputs only; expected "
                 "the float output before the Cast (model.output), task classification for class ids, or task "

@@ -25,6 +25,7 @@ from qbench.tasks.base import (
     LabelError,
     RowSummary,
     Task,
+    container_problem,
     example_rows,
     is_float,
     is_integer,
@@ -369,7 +370,7 @@ class Classification(Task):
         if output.kind == "map":
             return None if output.dtype.kind == "f" else f"output {output.name!r} ({output.type_name}) has no float scores"
         if output.kind != "tensor":
-            return f"output {output.name!r} is a {output.type_name}: {_STRUCTURED}"
+            return container_problem(self.name, output)
         if is_integer(output) or named_labels(output):
             if len(output.shape) > 2 or (len(output.shape) == 2 and output.shape[1] != 1):
                 kind = "integer" if is_integer(output) else "string"

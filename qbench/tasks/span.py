@@ -28,7 +28,17 @@ import numpy as np
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import SEQUENCE_IDS, LabelError, Task, example_rows, is_float, mean_or_nan, no_label, wilson
+from qbench.tasks.base import (
+    SEQUENCE_IDS,
+    LabelError,
+    Task,
+    container_problem,
+    example_rows,
+    is_float,
+    mean_or_nan,
+    no_label,
+    wilson,
+)
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
 
@@ -189,6 +199,8 @@ class Span(Task):
     def output_problem(self, output: TensorMeta) -> str | None:
         if output.passthrough_of is not None:
             return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
+        if output.kind != "tensor":
+            return container_problem(self.name, output)
         if not is_float(output) or len(output.shape) != 2:
             return (f"output {output.name!r} ({output.describe()}) is no float (rows, tokens) score: task 'span' "
                     "reads a start and an end score per token")  # fmt: skip

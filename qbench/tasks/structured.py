@@ -19,7 +19,16 @@ import numpy as np
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
-from qbench.tasks.base import LabelError, RowSummary, Task, example_rows, mean_or_nan, no_label, wilson
+from qbench.tasks.base import (
+    LabelError,
+    RowSummary,
+    Task,
+    container_problem,
+    example_rows,
+    mean_or_nan,
+    no_label,
+    wilson,
+)
 from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo, share_of_rows
@@ -90,7 +99,7 @@ class Structured(Task):
         if output.passthrough_of is not None:
             return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
         if output.kind != "tensor":
-            return f"output {output.name!r} is a {output.type_name}, not a tensor: task 'structured' cannot read it"
+            return container_problem(self.name, output)
         if output.dtype.kind not in "fiub":
             return f"output {output.name!r} holds {output.dtype} values: task 'structured' reads numeric tensors only"
         return None

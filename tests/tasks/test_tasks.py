@@ -60,7 +60,24 @@ def test_structured_outputs_are_named_not_supported() -> None:
     # (rows, boxes, 6) has the shape of token scores: without token labels it is refused
     needed = get_task("classification").labels_needed(TensorMeta("dets", np.dtype("float32"), (None, 100, 6)))
     assert needed is not None and "not supported" in needed
-    assert "not supported" in str(get_task("classification").output_problem(SEQUENCE))
+
+
+@pytest.mark.parametrize("task", TASKS.names())
+def test_a_sequence_output_is_refused_by_every_task_with_how_to_make_a_tensor_of_it(task: str) -> None:
+    """A SplitToSequence output: classification's refusal sent the user to task structured, which refused it too."""
+    problem = get_task(task).output_problem(SEQUENCE)
+    assert problem == ("output 'boxes' is a seq(tensor(float)), not a tensor: no task reads it (each reads a tensor "
+                       "holding the rows on axis 0); expected a tensor output: add the tensors the sequence is made "
+                       "from to the graph's outputs and name them in model.outputs, or join it into one tensor with "
+                       "ConcatFromSequence (the rows on axis 0)")  # fmt: skip
+
+
+def test_an_optional_output_is_refused_with_how_to_read_its_value() -> None:
+    optional = TensorMeta("maybe", np.dtype(object), (), "other", "optional(tensor(float32))")
+    for task in TASKS.names():
+        problem = get_task(task).output_problem(optional)
+        assert problem is not None and problem.endswith("expected a tensor output: return its value through "
+                                                        "OptionalGetElement")  # fmt: skip
 
 
 def test_each_task_owns_its_qat_loss() -> None:
