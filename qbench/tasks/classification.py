@@ -205,9 +205,8 @@ def _class_ids(outputs: np.ndarray) -> np.ndarray:
     return np.asarray(outputs).reshape(np.shape(outputs)[0]).astype(np.int64)
 
 
-def _class_codes(
-    predicted: np.ndarray, reference: np.ndarray, labels: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def _class_codes(predicted: np.ndarray, reference: np.ndarray,
+                 labels: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:  # fmt: skip
     """Class values of an integer output (an IsolationForest's -1 outlier, 1 inlier) coded as their rank among all
     the values given, when some is negative: -1 is metrics.INVALID_CLASS, which matches nothing, so FP32 agreed with
     itself on 88 % of rows. Equal values stay equal, so every metric is unchanged."""
