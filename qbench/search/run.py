@@ -429,7 +429,7 @@ class _Search:
                                    budget_exhausted=self.budget.exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         seconds = self.budget.elapsed()
-        logger.info(f"  search: {self.screened.reused_rows} rows' outputs taken from earlier runs, not run again")
+        logger.info(f"  search: {self.screened.reused_rows} rows' outputs handed over from earlier runs, not run again")
         for index, record in enumerate(self.records):
             if index == pick:
                 closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"

@@ -106,7 +106,7 @@ class ScreenOutputs:
     """The screening rows' outputs, taken instead of running those rows again (qbench.validate.reuse): FP32's from its
     run on every row, for its screen; a candidate's from its screen, for its evaluation, where its rows were seen not
     to depend on their batch (any other is run on every row, as it would be without them). `reused_rows` counts the
-    rows taken."""
+    rows handed over (an evaluation that finds its rows do depend on their batch after all runs them anyway)."""
 
     enabled = True  # False: every measurement runs all of its rows (what taking them must agree with)
 
