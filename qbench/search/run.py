@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -56,10 +55,12 @@ from qbench.search.outcome import kept_pick, method_note
 from qbench.search.ranking import quantized_names, ranked_nodes
 from qbench.search.retime import retime_rounds
 from qbench.search.screen import (
+    ScreenOutputs,
     gate_excess,
     overall_drop,
     overall_metric,
     p50s,
+    progress_line,
     screen_excess,
     screening_indices,
     worst_slice,
@@ -96,7 +97,8 @@ class _Search:
                                 fixed_batch=prepared.batch)
         selection = Rows.selection(prepared)
         self.rows = Rows.judged_on(prepared)  # what candidates are judged and chosen on
-        self.screen = self.rows.subset(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
+        self.screened = ScreenOutputs(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
+        self.screen = self.rows.subset(self.screened.indices)
         latency = prepared.recipe.latency
         self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
                                   threads=latency.threads, stability=None)  # fmt: skip
@@ -123,7 +125,7 @@ class _Search:
         self.gate = prepared.recipe.gate
         began = now()
         self.fp32_screen = measure(backend, self.fp32_built, prepared, rows=self.screen, timing=self.timing, quiet=True,
-                                   clock=clock)  # fmt: skip
+                                   clock=clock, known=self.screened.of_fp32(self.fp32))  # fmt: skip
         self.budget.seed(now() - began, fp32_selection_s, self.rows.count / max(self.screen.count, 1))
         self.fp32_p50 = p50s(self.fp32_screen.result)
         self.fp32_timings = [self.fp32_p50]  # FP32's screening timings, the first and one beside each candidate
@@ -181,6 +183,7 @@ class _Search:
                 self.records[index] = record
                 self._failed_to_run(index, measured.result.error)
                 return index
+            self.screened.keep(index, measured)
             p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
@@ -191,7 +194,7 @@ class _Search:
             screen_excess=promise,
             verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
         )  # fmt: skip
-        self._say(index, "screen")
+        logger.info(progress_line(self.records[index], self.gate.metric, screened_rows=self.screen.count))
         return index
 
     def _fp32_p50_now(self) -> dict[int, float]:
@@ -227,8 +230,8 @@ class _Search:
         the gate would."""
         record = self.records[index]
         with self.budget.timing(EVALUATE):
-            measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows,
-                               reference=self.fp32.reference, quiet=True, clock=self.clock)  # fmt: skip
+            measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows, reference=self.fp32.reference,
+                               quiet=True, clock=self.clock, known=self.screened.take(index))  # fmt: skip
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
@@ -245,21 +248,12 @@ class _Search:
             worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
             unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
         )  # fmt: skip
-        self._say(index, "evaluate")
+        logger.info(progress_line(self.records[index], self.gate.metric))
 
     def _failed_to_run(self, index: int, error: str | None) -> None:
         verdict = one_line(f"failed to run: {error}", VERDICT_CHARS)
         self.records[index] = self.records[index].with_(stage="failed", verdict=verdict)
         logger.warning(f"  {self.records[index].label}: {verdict}")
-
-    def _say(self, index: int, stage: str) -> None:
-        r = self.records[index]
-        speed = f"{r.speedup:.2f}× FP32" if r.speedup is not None and math.isfinite(r.speedup) else "speed n/a"
-        if stage == "screen":
-            logger.info(f"  screen {r.label}: {self.gate.metric} {r.screen_metric:.4f} on {self.screen.count} rows "
-                          f"(excess {r.screen_excess:.2f}), {speed}")  # fmt: skip
-        else:
-            logger.info(f"  evaluate {r.label}: {self.gate.metric} {r.metric:.4f}, {r.verdict}")
 
     # -- the stages -------------------------------------------------------------------------------
 
@@ -435,6 +429,7 @@ class _Search:
                                    budget_exhausted=self.budget.exhausted,
                                    keep_float_exhausted=self.keep_float_exhausted)  # fmt: skip
         seconds = self.budget.elapsed()
+        logger.info(f"  search: {self.screened.reused_rows} rows' outputs handed over from earlier runs, not run again")
         for index, record in enumerate(self.records):
             if index == pick:
                 closest = f"closest ({select.outcome(chosen, pick, thin)}): {record.verdict}"

@@ -5,6 +5,8 @@
 - `screen_excess`: a screen's verdict, each share-of-rows drop less one row where the screen sampled its scope.
 - `worst_slice`: the judged slice furthest from its tolerance.
 - `overall_drop`, `overall_metric`, `p50s`: a verdict's overall drop, a result's overall figure and p50s by batch size.
+- `progress_line`: the log's line on a candidate screened or evaluated.
+- `ScreenOutputs`: the outputs screening gave, taken by the measurements of every row instead of running those again.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import numpy as np
 
 from qbench.gate import GateReport
 from qbench.results import AccuracyResult, SliceMetrics, VariantResult
+from qbench.results_search import CandidateRecord
 from qbench.search import select
 from qbench.validate.catalogue import METRICS
+from qbench.validate.measure import Measured
+from qbench.validate.reuse import KnownOutputs
 
 MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
 
@@ -84,5 +89,48 @@ def overall_metric(result: VariantResult, metric: str) -> float | None:
     return result.accuracy.overall.metrics.get(metric) if result.accuracy else None
 
 
+def progress_line(record: CandidateRecord, metric: str, *, screened_rows: int | None = None) -> str:
+    """The log's line on a candidate just screened (on `screened_rows` rows) or, without them, evaluated."""
+    r = record
+    if screened_rows is None:
+        return f"  evaluate {r.label}: {metric} {r.metric:.4f}, {r.verdict}"
+    speed = f"{r.speedup:.2f}× FP32" if r.speedup is not None and math.isfinite(r.speedup) else "speed n/a"
+    return f"  screen {r.label}: {metric} {r.screen_metric:.4f} on {screened_rows} rows (excess {r.screen_excess:.2f}), {speed}"
+
+
 def p50s(result: VariantResult) -> dict[int, float]:
     return {p.batch_size: p.p50_ms for p in result.latency.points} if result.latency else {}
+
+
+class ScreenOutputs:
+    """The screening rows' outputs, taken instead of running those rows again (qbench.validate.reuse): FP32's from its
+    run on every row, for its screen; a candidate's from its screen, for its evaluation, where its rows were seen not
+    to depend on their batch (any other is run on every row, as it would be without them). `reused_rows` counts the
+    rows handed over (an evaluation that finds its rows do depend on their batch after all runs them anyway)."""
+
+    enabled = True  # False: every measurement runs all of its rows (what taking them must agree with)
+
+    def __init__(self, indices: np.ndarray) -> None:
+        self.indices = indices  # the screening rows' positions in the rows candidates are judged on
+        self.kept: dict[int, KnownOutputs] = {}
+        self.reused_rows = 0
+
+    def of_fp32(self, fp32: Measured) -> KnownOutputs | None:
+        """FP32's outputs on the screening rows, from `fp32` (FP32 on every row judged on)."""
+        if not self.enabled or fp32.outputs is None:
+            return None
+        return self._taken(KnownOutputs.of_rows(fp32.outputs, self.indices))
+
+    def keep(self, index: int, screened: Measured) -> None:
+        """Candidate `index`'s screen, kept for its evaluation when its rows did not depend on their batch there."""
+        if self.enabled and screened.rows_independent and screened.outputs is not None:
+            self.kept[index] = KnownOutputs(self.indices, screened.outputs)
+
+    def take(self, index: int) -> KnownOutputs | None:
+        """Candidate `index`'s screening outputs, for its evaluation (once: they are dropped then)."""
+        known = self.kept.pop(index, None)
+        return None if known is None else self._taken(known)
+
+    def _taken(self, known: KnownOutputs) -> KnownOutputs:
+        self.reused_rows += known.count
+        return known

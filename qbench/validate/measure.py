@@ -68,6 +68,7 @@ from qbench.validate.latency import (
     measure_cold_start,
     measure_samples,
 )
+from qbench.validate.reuse import KnownOutputs, with_known
 from qbench.variants import BuiltVariant
 from qbench.variants.base import ONNX
 
@@ -163,6 +164,7 @@ class Measured:
     nsr: float = math.nan
     environment: str | None = None  # failed for a reason outside the variant (qbench.errors.environment_cause)
     metric_error: MetricError | None = None  # failed because a recipe's own metric raised on its outputs
+    rows_independent: bool = False  # its rows were seen not to depend on their batch (batch_mix.batch_dependence)
 
     @property
     def reference(self) -> Reference | None:
@@ -184,6 +186,7 @@ def measure(
     clock: PhaseClock | None = None,
     quiet: bool = False,
     serving: bool = False,
+    known: KnownOutputs | None = None,
 ) -> Measured:
     """Measure `built` on `backend`: its outputs on `rows` (default: the evaluation rows) compared with
     `reference` (without one, with themselves: the FP32 reference), then, with `timing`, cold start and
@@ -191,6 +194,7 @@ def measure(
     simulation, cost, bound). `score=False` only times. A failure is returned as a failed result, never raised;
     labels FP32's outputs show to lie beyond the classes are the recipe's error, raised (a RecipeError).
     The result carries only the params and notes true of the form `backend` runs (BuiltVariant.as_run_in).
+    `known`: outputs this variant gave on some of `rows` in an earlier run, not run again (qbench.validate.reuse).
     """
     built = built.as_run_in(form_run_by(backend))
     rows = rows or Rows.evaluation(prepared)
@@ -221,14 +225,15 @@ def measure(
         outputs, mixed = None, None
         if score and plan.separate:
             outputs, mixed = _run_rows(backend.load(plan.scored, options), prepared, rows,
-                                       f"{label} evaluate (emulated)", mix, quiet=quiet)  # fmt: skip
+                                       f"{label} evaluate (emulated)", mix, quiet=quiet, known=known)  # fmt: skip
         padding = token_padding(prepared.recipe.data.inputs, rows.feeds,
                                 {name: meta.shape for name, meta in prepared.model.inputs.items()})
         runner, create_ms, first_ms = measure_cold_start(timed_load(backend, plan.timed, options), rows.feeds,
                                                          fixed or 1, padding)  # fmt: skip
         try:
             if score and outputs is None:
-                outputs, mixed = _run_rows(runner, prepared, rows, f"{label} evaluate", mix, close=False, quiet=quiet)
+                outputs, mixed = _run_rows(runner, prepared, rows, f"{label} evaluate", mix, close=False, quiet=quiet,
+                                           known=known)  # fmt: skip
             samples, batcher = {}, None
             if timing is not None:
                 samples = measure_samples(runner, rows.feeds, timing.batch_sizes, timing.warmup, timing.iterations,
@@ -320,7 +325,7 @@ def measure(
         latency=latency, fidelity=ran.get("fidelity", plan.fidelity),
         evaluated_model_path=str(plan.scored.onnx_path) if plan.separate else None, serving=serving_result,
     )  # fmt: skip
-    return Measured(result, outputs, nsr)
+    return Measured(result, outputs, nsr, rows_independent=bool(mix) and outputs is not None and mixed is None)
 
 
 def _raised_notes(accuracy: AccuracyResult | None) -> list[str]:
@@ -403,25 +408,28 @@ def _judged_as_served(
 
 def _run_rows(
     runner: Runner, prepared: Prepared, rows: Rows, description: str, mix: list[Arrangement], *, close: bool = True,
-    quiet: bool = False,
+    quiet: bool = False, known: KnownOutputs | None = None,
 ) -> tuple[Feeds, tuple[str, dict[Arrangement, Feeds]] | None]:
     """The evaluated outputs of `runner` on `rows` (closed afterwards unless the caller goes on timing it; a model
     with a fixed batch runs whole batches of it), and, where `mix` names arrangements and the rows' outputs depend on
     their batch (batch_mix.batch_dependence), why, and the outputs in each of those arrangements (logged unless
-    `quiet`: a search's candidate, whose result's note says so)."""
+    `quiet`: a search's candidate, whose result's note says so). The `known` rows' outputs are taken, the others run,
+    unless the rows depend on their batch: then every row is run, as without them."""
 
     def run(feeds: Mapping[str, np.ndarray], batch_size: int, what: str = description) -> Feeds:
         return run_outputs(runner, feeds, batch_size, prepared.output_indices, description=what,
                            whole=prepared.batch is not None, tables=prepared.label_tables)  # fmt: skip
 
     try:
-        outputs = run(rows.feeds, prepared.batch or rows.batch_size)
+        size = prepared.batch or rows.batch_size
+        outputs = with_known(run, rows.feeds, size, known) if known is not None else run(rows.feeds, size)
         if not mix:
             return outputs, None
         why = batch_dependence(lambda feeds, size: run(feeds, size, f"{description} (batch dependence)"), rows.feeds,
                                min(rows.batch_size, rows.count))  # fmt: skip
         if why is None:
             return outputs, None
+        outputs = run(rows.feeds, size) if known is not None else outputs  # the known rows ran in other batches
         logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s", description, why,
                     ", ".join(a.describe() for a in mix))  # fmt: skip
         return outputs, (why, run_arrangements(lambda feeds, size: run(feeds, size, f"{description} ({size} a batch)"),

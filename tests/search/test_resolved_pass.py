@@ -17,6 +17,7 @@ from qbench.results import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results_search import CandidateRecord
 from qbench.search import run, select
 from qbench.search.budget import Budget
+from qbench.search.screen import ScreenOutputs
 from qbench.validate.measure import Rows
 from qbench.variants import BuiltVariant
 
@@ -60,6 +61,7 @@ def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], Va
     search.fp32_timings, search.refusal = [], lambda what, seconds, **_: None
     search.backend = search.prepared = search.clock = None
     search.rows = Rows({}, None, {}, 1, digests)
+    search.screened = ScreenOutputs(np.zeros(0, dtype=int))  # nothing screened to take
     return search
 
 
