@@ -254,10 +254,14 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
 
     The step summary is a courtesy display in a file the job's other steps share, which the gate was not asked
     for: one that cannot take the section is a warning, and the exit code stands (a breach stays 1, a pass 0)."""
-    from qbench import gate_junit, gate_report
+    from qbench.gate_report import append_step_summary, report_json
 
-    files = [(path, render) for path, render in ((output.junit, gate_junit.junit_xml),
-                                                  (output.json_path, gate_report.report_json)) if path is not None]  # fmt: skip
+    renders = [(output.json_path, report_json)]
+    if output.junit is not None:  # an XML writer is imported for the JUnit report alone
+        from qbench.gate_junit import junit_xml
+
+        renders.insert(0, (output.junit, junit_xml))
+    files = [(path, render) for path, render in renders if path is not None]
     streams = [file for file in files if _is_stream(file[0])]  # written once, last: a reader gets one document
     unwritten = list(_write_files(report, [file for file in files if file not in streams]).items())
     if unwritten:
@@ -270,7 +274,7 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
-            gate_report.append_step_summary(Path(step_summary), report)
+            append_step_summary(Path(step_summary), report)
         except QbenchError as exc:
             stands = "the verdict stands" if report.exit_code != EXIT_ERROR else "the exit code stays 2"
             err_console.print(f"warning: GITHUB_STEP_SUMMARY {one_line(exc)}; {stands}", soft_wrap=True,

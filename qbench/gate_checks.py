@@ -15,7 +15,6 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from qbench.data.nonfinite import drop_nonfinite
 from qbench.errors import did_you_mean, expected_one_of, short_repr
 from qbench.recipe import Recipe, VariantSpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
@@ -464,6 +463,8 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
     elif results.distinct_inputs != evaluated.distinct_inputs:
         problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives {evaluated.distinct_inputs!r} "
                         "(distinct inputs of the scopes whose rows repeat some)")  # fmt: skip
+    from qbench.data.nonfinite import drop_nonfinite  # the data was read: pandas is loaded already
+
     fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}
     recorded = results.kept_nonfinite.get("evaluation", {}) if isinstance(results.kept_nonfinite, Mapping) else None
     if recorded != fed:

@@ -11,27 +11,27 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qbench.backends.base import Runner
-from qbench.data.text import Padding
 from qbench.errors import QbenchError, expected_one_of
 from qbench.recipe import Recipe
 from qbench.recipe_slo import MIN_P99_SAMPLES, CostSpec, SloSpec
 from qbench.results import LatencyPoint, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
-from qbench.validate.background import hand_over_beside_timing, settle_before_timing
-from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
 from qbench.validate.catalogue import within
-from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
-from qbench.validate.latency import BatcherSamples, timed_batches
-from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
-from qbench.validate.load_search import search_max_rate
-from qbench.validate.serve import RealServer, real_server, served_max_rate, settling_runs
+
+if TYPE_CHECKING:  # the measuring side's types; its modules (which load pandas) are imported where it measures, so
+    # that judging and pricing (`qbench gate`, `qbench report`) load none of them
+    from qbench.backends.base import Runner
+    from qbench.data.text import Padding
+    from qbench.validate.clock import PhaseClock
+    from qbench.validate.latency import BatcherSamples
+    from qbench.validate.load import MeasuredServiceTimes
+    from qbench.validate.serve import RealServer
 
 SLO_SCOPE = "slo"
 SLO_METRIC = "latency.p99_ms"
@@ -60,6 +60,9 @@ def serving_figures(
     the variant behind a batcher with the recipe's load settings (qbench.validate.serve.real_server), which the
     simulated highest rate is checked against. The simulation's time goes to `clock`'s "simulation" phase.
     `lookup_bytes`: of `model_bytes`, the tables a run reads only rows of (qbench.validate.bound.lookup_table_bytes)."""
+    from qbench.validate.bound import estimate_bound, last_level_cache_bytes, memory_bandwidth_bytes_per_s
+    from qbench.validate.clock import PhaseClock
+
     by_batch = {p.batch_size: p for p in points}
     b1 = by_batch.get(1)
     largest = max(by_batch.values(), key=lambda p: p.batch_size, default=None)
@@ -154,6 +157,10 @@ def server_for(
     only, all at that batch's one length: the short queries at a long document's length, or a mix whose first batch
     held no document served for real without one); `fixed_batch`: the model takes batches of that size only
     (qbench.preflight_checks.fixed_batch), each batch is filled up to it."""
+    from qbench.validate.latency import timed_batches
+    from qbench.validate.load import Batcher
+    from qbench.validate.serve import real_server
+
     settings = load_settings(slo, backend, batch_sizes)
     batches = timed_batches(feeds, settings["max_batch_size"])
     rows = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
@@ -167,6 +174,8 @@ def served_times(samples_ms: Mapping[int, np.ndarray], batcher: BatcherSamples |
     shifted by how much longer an idle start took (its median over the runs' median, never negative). The many
     timed runs give the distribution and its tail; the few idle starts only the shift, so a stall among them
     does not become every idle batch's time."""
+    from qbench.validate.load import MeasuredServiceTimes
+
     if batcher is None:
         return MeasuredServiceTimes(samples_ms)
     runs = {bs: np.asarray(values, dtype=np.float64) for bs, values in samples_ms.items()}
@@ -205,6 +214,11 @@ def _with_load(
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
     search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
     A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
+    from qbench.validate.background import hand_over_beside_timing, settle_before_timing
+    from qbench.validate.load import Batcher, Draws, LoadReplay
+    from qbench.validate.load_search import search_max_rate
+    from qbench.validate.serve import served_max_rate, settling_runs
+
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])

@@ -48,6 +48,22 @@ def test_recipe_gate_and_registries_load_no_heavy_sdk():
     assert imported_after(statement) == []
 
 
+def test_loading_a_recipe_loads_no_table_library(tmp_path: Path) -> None:
+    """`qbench gate RECIPE` loads the recipe before anything else (and refuses a bad one there): the built-in tasks it
+    checks the gate's metric against read label cells with pandas only once a table holds them."""
+    (tmp_path / "model.onnx").write_bytes(b"model")
+    (tmp_path / "rows.parquet").write_bytes(b"rows")
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(RECIPE))
+    statement = f"from qbench.recipe import load_recipe\nload_recipe({str(tmp_path / 'recipe.yaml')!r})"
+    assert imported_after(statement, among=("pandas", "pyarrow")) == []
+
+
+def test_the_sweeps_work_process_imports_no_runtime_sdk():
+    """Backends, techniques and tasks are registered as "module:attr" targets: listing or checking their names
+    imports none of them, so the runtimes load when a job needs them."""
+    assert imported_after("import qbench.cli_app, qbench.sweep") == []
+
+
 def test_the_sweeps_work_process_imports_no_http_client_nor_xml_parser():
     """What `qbench sweep`'s work process imports before the sweep starts (qbench.cli_child): an HTTP client (a
     tracking server's health check, a file: URI's path) and an XML parser (reading back a JUnit report) are imported
@@ -56,9 +72,13 @@ def test_the_sweeps_work_process_imports_no_http_client_nor_xml_parser():
     assert imported_after("import qbench.cli_app, qbench.sweep", among=unused) == []
 
 
-def gate_loads(recipe_body: dict, tracking_record: str | None, folder: Path) -> list[str]:
-    """The heavy SDKs `qbench gate RECIPE --results FILE` loads, on results in a run folder that holds
-    `tracking_record` as its tracking.json (None: no such file, as an older qbench's folder)."""
+def gate_loads(
+    recipe_body: dict, tracking_record: str | None, folder: Path, among: tuple[str, ...] = HEAVY, *, data: bool = True
+) -> list[str]:
+    """The modules of the packages `among` `qbench gate RECIPE --results FILE` loads, on results in a run folder that
+    holds `tracking_record` as its tracking.json (None: no such file, as an older qbench's folder); data=False: the
+    recipe's data file is gone, and `qbench gate --results FILE` judges them by the recipe they record (the recipe
+    file itself no longer loads)."""
     (folder / "model.onnx").write_bytes(b"model")
     (folder / "rows.parquet").write_bytes(b"rows")
     recipe = folder / "recipe.yaml"
@@ -68,10 +88,12 @@ def gate_loads(recipe_body: dict, tracking_record: str | None, folder: Path) -> 
     write_results(replace(made, recipe={**made.recipe, **recipe_record(load_recipe(recipe))}), results)
     if tracking_record is not None:
         (results.parent / TRACKING_FILE).write_text(tracking_record)
-    argv = ["gate", str(recipe), "--results", str(results), "--no-staleness-check"]
+    if not data:
+        (folder / "rows.parquet").unlink()
+    argv = ["gate", *([str(recipe)] if data else []), "--results", str(results), "--no-staleness-check"]
     code = f"import sys, json\nfrom qbench.cli_app import main\nmain({argv!r})\nprint(json.dumps(sorted(sys.modules)))"
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=folder).stdout
-    return [m for m in json.loads(output.splitlines()[-1]) if m.split(".")[0] in HEAVY]
+    return [m for m in json.loads(output.splitlines()[-1]) if m in among or m.split(".")[0] in among]
 
 
 RECIPE = {"name": "digits", "model": {"path": "model.onnx"},
@@ -98,3 +120,11 @@ def test_gate_looks_in_an_existing_store_for_a_run_folder_that_may_be_tracked(tm
     recipe = {**RECIPE, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
     (tmp_path / "mlflow.db").write_bytes(b"")
     assert "mlflow" in gate_loads(recipe, record, tmp_path)
+
+
+def test_a_gate_that_reads_no_data_table_loads_no_table_library_nor_xml_writer(tmp_path: Path) -> None:
+    """The data file is gone (--no-staleness-check): judging the recorded figures by the recorded recipe needs neither
+    pandas nor pyarrow, which are loaded only where the gate re-derives the slices from the data (importing the gate
+    once loaded them, ~1 s of every `qbench gate`); without --junit, no XML writer either."""
+    unused = ("pandas", "pyarrow", "xml.etree.ElementTree")
+    assert gate_loads(RECIPE, None, tmp_path, among=unused, data=False) == []

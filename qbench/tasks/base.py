@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
-import pandas as pd
 
 from qbench.errors import QbenchError
 from qbench.modelinfo import TensorMeta
@@ -91,7 +90,9 @@ def wilson(rate: float, n: int) -> tuple[float, float]:
 
 def no_label(value: Any) -> bool:
     """None, NaN, or pandas' NA (a nullable integer column's empty cell, a list column's null element)."""
-    return value is None or value is pd.NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
+    from pandas import NA  # imported by the table the value comes from: loading a recipe needs no pandas
+
+    return value is None or value is NA or (isinstance(value, (float, np.floating)) and np.isnan(value))
 
 
 def mean_or_nan(values: np.ndarray) -> float:

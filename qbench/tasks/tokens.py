@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from qbench.modelinfo import TensorMeta
 from qbench.results import SliceMetrics
@@ -40,7 +39,9 @@ def any_token_list(values: Sequence[Any]) -> bool:
     truth values at once; only a column of other kinds is looked at cell by cell."""
     if isinstance(values, np.ndarray) and values.dtype != object:
         return False
-    if pd.api.types.infer_dtype(values, skipna=True) in _NO_LIST_KINDS:
+    from pandas.api.types import infer_dtype  # label cells come from a table: pandas is loaded already
+
+    if infer_dtype(values, skipna=True) in _NO_LIST_KINDS:
         return False
     return any(is_token_list(v) for v in values)
 

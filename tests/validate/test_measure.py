@@ -220,17 +220,17 @@ def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepar
     import dataclasses
     import time
 
-    import qbench.slo as slo_module
+    import qbench.validate.load_search as load_search
     from qbench.recipe_slo import LoadSpec, SloSpec
     from qbench.validate.clock import PhaseClock
 
-    simulate = slo_module.search_max_rate
+    simulate = load_search.search_max_rate
 
     def slow_simulation(*args, **kwargs):
         time.sleep(0.3)
         return simulate(*args, **kwargs)
 
-    monkeypatch.setattr(slo_module, "search_max_rate", slow_simulation)
+    monkeypatch.setattr(load_search, "search_max_rate", slow_simulation)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
