@@ -312,7 +312,8 @@ def _user_recipe(tmp_path, p99_ms: float):
     recipe = make_user_project(tmp_path) if not (tmp_path / "qbench.yaml").exists() else tmp_path / "qbench.yaml"
     body = yaml.safe_load(recipe.read_text())
     body["gate"] |= {"max_drop": 1.0, "max_slice_drop": 1.0}  # accuracy always passes: the SLO decides
-    body["slo"] = {"p99_ms": p99_ms, "rate_rps": 50.0, "load": {"max_queue_delay_ms": 0.5, "requests": 500}}
+    # 200 req/s: each variant's idle starts are timed after 5.5 ms of idle (idle_ms), not the 20.5 ms of 50 req/s
+    body["slo"] = {"p99_ms": p99_ms, "rate_rps": 200.0, "load": {"max_queue_delay_ms": 0.5, "requests": 500}}
     body["latency"]["iterations"] = 100  # the fewest a p99 is judged from
     recipe.write_text(yaml.safe_dump(body, sort_keys=False))
     return recipe
@@ -328,7 +329,7 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     assert main(["gate", str(recipe)]) == EXIT_BREACH
     shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
     assert "SLO BREACH int8-minmax@onnxruntime-cpu: p99 " in shown
-    assert "at 50 req/s > budget 0.0001 ms" in shown
+    assert "at 200 req/s > budget 0.0001 ms" in shown
     assert "cheapest meeting accuracy and SLO: none" in shown
     recipe = _user_recipe(tmp_path, p99_ms=10_000.0)
     assert main(["sweep", str(recipe), "--gate", "--no-track", "--price", "onnxruntime-cpu=0.36"]) == EXIT_PASS
@@ -342,7 +343,7 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     results = read_results(latest_results(load_recipe(recipe)))
     for variant in results.variants:
         serving = variant.serving
-        assert serving.at_rate.requests == 500 and serving.max_rate_rps > 50.0
+        assert serving.at_rate.requests == 500 and serving.max_rate_rps > 200.0
         point = variant.latency.at(16)
         assert serving.usd_per_million["b16"] == pytest.approx(0.36 / 3600 / point.items_per_s * 1e6)
         assert serving.bound.verdict in ("memory-bound", "compute-bound", "overhead-bound")

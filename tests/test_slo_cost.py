@@ -62,7 +62,7 @@ def test_the_gate_ranks_by_the_recipes_price_changed_since_the_sweep(tmp_path, m
     assert main(["gate", str(recipe)]) == EXIT_PASS
     shown = "".join(capsys.readouterr()).splitlines()
     line = next(line for line in shown if line.startswith("cheapest meeting"))
-    assert line.endswith("$20 per million at the budget's 50 req/s on 1 instance)")  # 3.6 / 3600 / 50 x 1e6 (was $2)
+    assert line.endswith("$5 per million at the budget's 200 req/s on 1 instance)")  # 3.6 / 3600 / 200 x 1e6 (was $0.5)
 
 
 def test_no_cheapest_and_no_none_while_a_variant_meets_both_without_a_rate_within_budget():
