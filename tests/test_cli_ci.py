@@ -191,7 +191,8 @@ def test_an_address_space_limit_too_small_is_named_in_one_line(recipe, debug):
                           preexec_fn=limited)  # fmt: skip
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("qbench: error: ") and last.endswith("ulimit -v lets this process map at most 200 MiB)")
+    # a MemoryError met in Python ends on the limit; a native library's crash names it, then what to do next
+    assert last.startswith("qbench: error: ") and "ulimit -v lets this process map at most 200 MiB)" in last
 
 
 def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_it_builds(recipe, tmp_path):
