@@ -188,9 +188,12 @@ def _stated_targets(name: str, producers: Mapping[str, onnx.NodeProto]) -> int |
     """How many values per row the ONNX-ML regressor computing output `name` (directly or through Identity/Cast)
     states in its attributes, None where no such node does. Its operator returns that many whatever the output's
     declaration says: skl2onnx declares a two-target RandomForestRegressor's output [None, 1] (ONNX Runtime warns
-    and returns 2 values per row), and labels of 2 targets were refused as not fitting it."""
+    and returns 2 values per row), and labels of 2 targets were refused as not fitting it. The walk is bounded: a
+    graph naming a tensor twice (`Identity(x) -> x`) has a copy reading its own output."""
     node = producers.get(name)
-    while node is not None and node.op_type in _COPY_OPS and node.input:
+    for _ in range(len(producers)):
+        if node is None or node.op_type not in _COPY_OPS or not node.input:
+            break
         node = producers.get(node.input[0])
     attribute = _TARGET_COUNTS.get(node.op_type) if node is not None and node.domain == "ai.onnx.ml" else None
     found = [a.i for a in node.attribute if a.name == attribute] if node is not None and attribute else []
