@@ -85,8 +85,10 @@ def describe(exc: BaseException) -> str:
     message = one_line(exc)
     text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     cause = environment_cause(exc)
-    if cause is None:
-        return text
+    if cause is None:  # the interpreter's own failure under `ulimit -v` (a C function returning NULL, as `compile`
+        # did importing a module there) is an allocation that raised no MemoryError: the limit is named with it
+        limit = address_space_note() if isinstance(exc, SystemError) else ""
+        return f"{text} (perhaps out of memory{limit})" if limit else text
     return f"{text} ({cause}{address_space_note() if cause == OUT_OF_MEMORY else ''})"
 
 

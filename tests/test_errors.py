@@ -148,6 +148,12 @@ def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeyp
         "OSError: [Errno 28] No space left on device (no space left on device)")
     assert cli_gate.describe(ValueError("bad value")) == "ValueError: bad value"  # a bug: as before
     assert cli_gate.describe(KeyError()) == "KeyError"
+    # CPython's failure of a C function that set no exception, as `compile` gave importing under `ulimit -v 200 MiB`
+    null = SystemError("<built-in function compile> returned NULL without setting an exception")
+    assert cli_gate.describe(null) == (f"SystemError: {null} (perhaps out of memory; ulimit -v lets this process map "
+                                       "at most 195 MiB)")  # fmt: skip
+    monkeypatch.setattr(cli_gate, "address_space_note", lambda: "")  # no limit set: no guess about memory
+    assert cli_gate.describe(null) == f"SystemError: {null}"
 
 
 @pytest.mark.parametrize(("error", "describing", "said"), [
