@@ -132,9 +132,12 @@ _ENVIRONMENT_ERRNOS = {
 # Fail / RuntimeException ("Failed to allocate memory for requested buffer" from its BFCArena, "Available memory of
 # ... is smaller than requested bytes", a C++ "std::bad_alloc" / MSVC "bad allocation"), its CUDA provider and
 # torch's ("CUDA failure 2: out of memory", "CUBLAS_STATUS_ALLOC_FAILED", cudaErrorMemoryAllocation), and torch's CPU
-# allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)").
+# allocator (a RuntimeError: "DefaultCPUAllocator: can't allocate memory ... (Cannot allocate memory)"), and the
+# dynamic loader's, raised as an ImportError when it cannot map a native library ("failed to map segment from shared
+# object": under `ulimit -v`, importing pandas' extensions).
 _OUT_OF_MEMORY = re.compile(
     r"out of memory|failed to allocate memory|is smaller than requested bytes|std::bad_alloc|bad allocation"
+    r"|failed to map segment from shared object"
     r"|can'?t allocate memory|cannot allocate memory|not enough memory|_ALLOC_FAILED|cudaErrorMemoryAllocation",
     re.IGNORECASE,
 )

@@ -152,6 +152,9 @@ def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeyp
     null = SystemError("<built-in function compile> returned NULL without setting an exception")
     assert cli_gate.describe(null) == (f"SystemError: {null} (perhaps out of memory; ulimit -v lets this process map "
                                        "at most 195 MiB)")  # fmt: skip
+    mapped = ImportError("/x/groupby.so: failed to map segment from shared object")  # the loader's, as pandas' gave
+    assert cli_gate.describe(mapped) == (f"ImportError: {mapped} (out of memory; ulimit -v lets this process map at "
+                                         "most 195 MiB)")  # fmt: skip
     monkeypatch.setattr(cli_gate, "address_space_note", lambda: "")  # no limit set: no guess about memory
     assert cli_gate.describe(null) == f"SystemError: {null}"
 
