@@ -9,7 +9,7 @@ messages; only choosing it for evaluation is an error.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -188,13 +188,8 @@ def _stated_targets(name: str, producers: Mapping[str, onnx.NodeProto]) -> int |
     """How many values per row the ONNX-ML regressor computing output `name` (directly or through Identity/Cast)
     states in its attributes, None where no such node does. Its operator returns that many whatever the output's
     declaration says: skl2onnx declares a two-target RandomForestRegressor's output [None, 1] (ONNX Runtime warns
-    and returns 2 values per row), and labels of 2 targets were refused as not fitting it. The walk is bounded: a
-    graph naming a tensor twice (`Identity(x) -> x`) has a copy reading its own output."""
-    node = producers.get(name)
-    for _ in range(len(producers)):
-        if node is None or node.op_type not in _COPY_OPS or not node.input:
-            break
-        node = producers.get(node.input[0])
+    and returns 2 values per row), and labels of 2 targets were refused as not fitting it."""
+    node = producers.get(_through_copies(name, producers))
     attribute = _TARGET_COUNTS.get(node.op_type) if node is not None and node.domain == "ai.onnx.ml" else None
     found = [a.i for a in node.attribute if a.name == attribute] if node is not None and attribute else []
     return int(found[0]) if found and found[0] > 0 else None
@@ -269,15 +264,21 @@ def _zipmap_keys(node: onnx.NodeProto | None) -> tuple[int | str, ...] | None:
 
 def _copied_input(name: str, producers: dict[str, onnx.NodeProto], inputs: set[str]) -> str | None:
     """The graph input `name` is a plain copy of (through Identity/Cast nodes only), else None."""
+    origin = _through_copies(name, producers, inputs)
+    return origin if origin in inputs else None
+
+
+def _through_copies(name: str, producers: Mapping[str, onnx.NodeProto], stop: Set[str] = frozenset()) -> str:
+    """The tensor `name` copies, followed back through Identity/Cast producers until a name in `stop`, a tensor no
+    copy produces, or as many steps as the graph has nodes (a graph naming a tensor twice, `Identity(x) -> x`, has a
+    copy reading its own output, and an unbounded walk never ends)."""
     current = name
-    for _ in range(len(producers) + 1):
-        if current in inputs:
-            return current
+    for _ in range(len(producers)):
         node = producers.get(current)
-        if node is None or node.op_type not in _COPY_OPS or not node.input:
-            return None
+        if current in stop or node is None or node.op_type not in _COPY_OPS or not node.input:
+            break
         current = node.input[0]
-    return None
+    return current
 
 
 def _fed_by_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
