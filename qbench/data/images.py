@@ -306,19 +306,22 @@ def _warn_large(image: Any, where: str, column: str) -> None:
                        where, image.width, image.height, f"{image.width * image.height:,}", f"{limit:,}")  # fmt: skip
 
 
-def image_content(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> dict[str, pd.Series]:
-    """Each image column of `table` with its paths replaced by a digest of the pixels each file decodes to
-    (pixels_sha256), so that digests of input cells (qbench.data.leakage) count one image named twice, stored twice,
-    or saved twice with other metadata or compression (the same pixels, other bytes), as one input. In a sweep the
-    files read are its snapshot's copies. A cell naming no readable image keeps its path: building the feeds reports
-    it."""
+def image_content(
+    table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, rows: np.ndarray | None = None
+) -> dict[str, pd.Series]:  # fmt: skip
+    """Each image column of `table` with its paths (of `rows`, all where None: decoding is the costly part) replaced
+    by a digest of the pixels each file decodes to (pixels_sha256), so that digests of input cells
+    (qbench.data.leakage) count one image named twice, stored twice, or saved twice with other metadata or
+    compression (the same pixels, other bytes), as one input. In a sweep the files read are its snapshot's copies. A
+    cell naming no readable image keeps its path: building the feeds reports it."""
     replaced = {}
     for column, spec in data.image_columns.items():
         if column not in table.columns:
             continue
         root = root_path(spec, recipe_file=recipe_file)
         cells = table[column]
-        digests = {cell: _content_digest(root, cell, spec) for cell in pd.unique(cells.dropna())}
+        digested = cells if rows is None else cells.iloc[np.unique(np.asarray(rows, dtype=np.int64))]
+        digests = {cell: _content_digest(root, cell, spec) for cell in pd.unique(digested.dropna())}
         replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
     return replaced
 

@@ -58,3 +58,22 @@ def test_the_thin_sample_warning_counts_calibration_rows_as_the_model_input_take
     assert [r.getMessage() for r in caplog.records] == [
         "data.calibration: the 8 calibration rows drawn hold 1 distinct input (the others repeat them): the "
         "calibrated ranges are those of 1 row"]  # fmt: skip
+
+
+def test_only_the_images_of_the_rows_digested_are_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of many images of which a few are evaluated: the others' paths are kept, none of them decoded."""
+    image = pytest.importorskip("PIL.Image")
+    from qbench.data import images
+    from qbench.data.content import content_table
+
+    (tmp_path / "images").mkdir()
+    for index in range(4):
+        image.fromarray(np.full((4, 4, 3), index * 60, np.uint8)).save(tmp_path / "images" / f"{index}.png")
+    decoded: list[Path] = []
+    digest = images.pixels_sha256
+    monkeypatch.setattr(images, "pixels_sha256", lambda path, *a, **k: decoded.append(path) or digest(path, *a, **k))
+    table = pd.DataFrame({"file": [f"{index}.png" for index in range(4)], "y": [0, 1, 0, 1]})
+    data = DataSpec(path=Path("t.parquet"), inputs={"file": {"image": {"root": "images"}}}, label="y")
+    content = content_table(table, data, recipe_file=tmp_path / "r.yaml", rows=np.array([2, 0]))
+    assert sorted(path.name for path in decoded) == ["0.png", "2.png"]
+    assert content["file"].tolist()[1::2] == ["1.png", "3.png"] and content["file"][0].startswith("image pixels")
