@@ -232,6 +232,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     split, calibration_batches = calibration_feeds(
         recipe, calibration_table, model, calibration_nonfinite, dropped, masks if calibration_table is table else {},
         lookups, whole=batch is not None, data=data, evaluation=evaluation if calibration_table is table else None,
+        unread=unread,
     )
     calibration_rows = split.fitted
     judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere

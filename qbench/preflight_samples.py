@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from qbench.data import NonfiniteMasks, build_feeds, check_finite, iter_batches
+from qbench.data.content import numeric_dtypes
 from qbench.data.evaluation import EvaluationRows, calibration_sample, holds_out
 from qbench.modelinfo import ModelInfo
 from qbench.preflight_lookups import Lookup, check_lookup_indices
@@ -43,14 +44,17 @@ def calibration_feeds(
     whole: bool,
     data: DataSpec,
     evaluation: EvaluationRows | None,
+    unread: Mapping[str, bool] | None = None,
 ) -> tuple[CalibrationSplit, list[Feeds]]:
     """The calibration sample split into the rows fitted on and the rows searches choose on (calibration_split;
     `evaluation`: the evaluation rows where they come from `table`) and the batches of the rows fitted on (the last
     one filled up to the batch size when `whole`: a model with a fixed batch), fed as `data.inputs`
-    (tokenizers and images read from the sweep's copies)."""
+    (tokenizers and images read from the sweep's copies). `unread`: the model inputs no output reads
+    (content_table), so that the warning on a thin sample tells its rows apart as the model is fed them."""
     spec = recipe.data.calibration
     rows, counts, left_out = calibration_sample(table, data, nonfinite, recipe_file=recipe.source, warn=True,
-                                                hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows))
+                                                hold_out=holds_out(recipe.data, recipe.fits_on_calibration_rows),
+                                                unread=unread, dtypes=numeric_dtypes(model.inputs))  # fmt: skip
     record_dropped(dropped, "calibration", counts, left_out)
     field_name = "data.inputs" if recipe.calibration_data_path is None else "data.calibration.path"
     check_finite(table, rows, nonfinite, slices, what="calibration", recipe_file=recipe.source, field=field_name,

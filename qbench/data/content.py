@@ -1,8 +1,9 @@
 """Fed cells replaced by what they give the model, so that digests of input cells (qbench.data.leakage) tell the rows
-feeding the same input apart from those feeding another: image paths by their files' bytes (`image_content`), text
-by the token ids its tokenizer feeds (`token_content`), numbers as the model input's type takes them (`as_fed`). Two
-paths to one file, two spellings the tokenizer reads alike, or two float64 values one float32 holds, are one input: no
-more evidence for the gate, and a calibration row repeating an evaluation row either way."""
+feeding the same input apart from those feeding another: image paths by the pixels their files decode to
+(`image_content`), text by the token ids its tokenizer feeds (`token_content`), numbers as the model input's type takes
+them (`as_fed`). Two paths to one file, two files of one image, two spellings the tokenizer reads alike, or two float64
+values one float32 holds, are one input: no more evidence for the gate, and a calibration row repeating an evaluation
+row either way."""
 
 from __future__ import annotations
 
@@ -23,15 +24,15 @@ def content_table(
     table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, rows: np.ndarray | None = None,
     unread: Mapping[str, bool] | None = None, dtypes: Mapping[str, np.dtype] | None = None,
 ) -> pd.DataFrame:  # fmt: skip
-    """`table` with its image and text input columns replaced by their content as fed (text of `rows` only, where
-    given: tokenizing is the costly part), and the columns feeding `unread` model inputs (those whose values no output
+    """`table` with its image and text input columns replaced by their content as fed (of `rows` only, where given:
+    decoding and tokenizing are the costly part), and the columns feeding `unread` model inputs (those whose values no output
     is computed from, each with whether its shape is: preflight_checks.unread_inputs) emptied, or replaced by each
     cell's shape where the shape is read: rows differing only there feed every output the same (an id column a
     pipeline's export keeps as an input and drops, or reads the batch size of), so they are one input; a shape read
     still tells cells of other lengths apart. A column of numbers feeding a model input of `dtypes` (model input ->
     the numeric type it is fed as: `numeric_dtypes`) is cast to it, as the feed casts it (as_fed; a column of arrays
     on `rows` only, where given). Other columns as they are."""
-    replaced = {**image_content(table, data, recipe_file=recipe_file),
+    replaced = {**image_content(table, data, recipe_file=recipe_file, rows=rows),
                 **token_content(table, data, recipe_file=recipe_file, rows=rows)}  # fmt: skip
     for column, target in data.inputs.items():
         if isinstance(target, str) and target in (unread or {}) and column in table.columns:

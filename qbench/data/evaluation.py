@@ -228,7 +228,7 @@ def holds_out(data: DataSpec, calibrated: bool) -> bool:
 
 def calibration_sample(
     table: pd.DataFrame, data: DataSpec, nonfinite: NonfiniteMasks, *, recipe_file: Path, hold_out: bool = False,
-    warn: bool = False,
+    warn: bool = False, unread: Mapping[str, bool] | None = None, dtypes: Mapping[str, np.dtype] | None = None,
 ) -> tuple[np.ndarray, dict[str, int], int]:
     """The calibration rows of `table` (data.calibration's filter, the NaN/inf input policy, then the seeded draw),
     input column -> candidates left out for NaN/inf, and how many candidates that is: one derivation for the
@@ -237,7 +237,8 @@ def calibration_sample(
     With `hold_out` (`holds_out`), when the candidates include rows of the evaluation filter, at most half of the
     candidates are drawn: `samples` (256 by default) from a table of 300 rows without filters would leave 44 rows
     to judge every variant on, and would refuse a table of 200. `warn`: say what makes the sample thinner than
-    asked (`warn_thin_sample`; once per sweep, not for each derivation)."""
+    asked (`warn_thin_sample`, on the rows' cells as fed: `unread` and `dtypes` as evaluation_rows takes them; once
+    per sweep, not for each derivation)."""
     spec = data.calibration
     candidates, dropped, left_out = calibration_candidates(table, data, nonfinite, recipe_file=recipe_file)
     if hold_out and spec.samples > len(candidates) // 2:
@@ -246,7 +247,8 @@ def calibration_sample(
             spec = spec.model_copy(update={"samples": max(1, len(candidates) // 2)})
     rows = draw_calibration_sample(table, candidates, spec, recipe_file=recipe_file)
     if warn:
-        warn_thin_sample(content_table(table, data, recipe_file=recipe_file, rows=rows), len(candidates), rows, data)
+        fed = content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread, dtypes=dtypes)
+        warn_thin_sample(fed, len(candidates), rows, data)
     return rows, dropped, left_out
 
 

@@ -11,13 +11,15 @@ to cover size / crop_pct keeping its aspect ratio, then its centre cropped, as t
 and `layout` default to what the model input's shape states. Files are decoded one at a time straight into the
 feed (no file's bytes outlive its decoding), each distinct file once per set of rows.
 
-Which rows feed the model the same input is told by the files' bytes (`image_content`), not by their paths: two
-paths to one file, or two copies of one image, are one input. Every problem is a RecipeError naming
+Which rows feed the model the same input is told by the pixels the files decode to (`image_content`), not by their
+paths or bytes: two paths to one file, two copies of one image, or one image saved twice with other metadata or
+compression, are one input. Every problem is a RecipeError naming
 `data.inputs.<column>.image...` and, for a file, its row and path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -304,30 +306,68 @@ def _warn_large(image: Any, where: str, column: str) -> None:
                        where, image.width, image.height, f"{image.width * image.height:,}", f"{limit:,}")  # fmt: skip
 
 
-def image_content(table: pd.DataFrame, data: DataSpec, *, recipe_file: Path) -> dict[str, pd.Series]:
-    """Each image column of `table` with its paths replaced by the sha256 of the bytes of the file each names, so that
-    digests of input cells (qbench.data.leakage) count one image named twice, or stored twice, as one input. In a
-    sweep the digests are its snapshot's (hashed once, when it started); else each file's is remembered while its
-    stat stays the same (qbench.digests.bytes_sha256). A cell naming no readable file keeps its path: building the
-    feeds reports it."""
+def image_content(
+    table: pd.DataFrame, data: DataSpec, *, recipe_file: Path, rows: np.ndarray | None = None
+) -> dict[str, pd.Series]:  # fmt: skip
+    """Each image column of `table` with its paths (of `rows`, all where None: decoding is the costly part) replaced
+    by a digest of the pixels each file decodes to (pixels_sha256), so that digests of input cells
+    (qbench.data.leakage) count one image named twice, stored twice, or saved twice with other metadata or
+    compression (the same pixels, other bytes), as one input. In a sweep the files read are its snapshot's copies. A
+    cell naming no readable image keeps its path: building the feeds reports it."""
     replaced = {}
     for column, spec in data.image_columns.items():
         if column not in table.columns:
             continue
         root = root_path(spec, recipe_file=recipe_file)
         cells = table[column]
-        digests = {cell: _content_digest(root, cell, spec.copies) for cell in pd.unique(cells.dropna())}
+        digested = cells if rows is None else cells.iloc[np.unique(np.asarray(rows, dtype=np.int64))]
+        digests = {cell: _content_digest(root, cell, spec) for cell in pd.unique(digested.dropna())}
         replaced[column] = cells.map(lambda cell: digests.get(cell, cell) if isinstance(cell, str) else cell)
     return replaced
 
 
-def _content_digest(root: Path, cell: object, copies: Mapping[str, tuple[Path, str]] | None) -> object:
+def _content_digest(root: Path, cell: object, spec: ImageSpec) -> object:
     if not isinstance(cell, str) or not cell.strip():
         return cell
     path, name = image_file(cell, root)
-    if copies is not None:
-        return "image sha256 " + copies[name][1] if name in copies else cell
+    if spec.copies is not None:  # name -> the copy's path and the sha256 of its bytes
+        return pixels_sha256(*spec.copies[name], mode=spec.mode) if name in spec.copies else cell
     try:
-        return "image sha256 " + bytes_sha256(path)
+        return pixels_sha256(path, bytes_sha256(path), mode=spec.mode)
     except OSError:
         return cell
+
+
+_PIXELS: dict[tuple[str, str], str] = {}
+_PIXELS_ENTRIES = 1 << 20
+
+
+def pixels_sha256(path: Path, file_sha256: str, *, mode: str | None) -> str:
+    """"image pixels sha256 <digest>" of the pixels the image file at `path` (whose bytes' sha256 is `file_sha256`)
+    decodes to, converted as the feed converts them (8-bit, then to `mode`; to RGB where the recipe leaves the mode to
+    the model's shape, so two images an L feed takes alike may count as two), with their size: two files of one image, one
+    written with other metadata, chunking or lossless compression, feed the model one input. Remembered by the bytes'
+    digest: an image is decoded once per process. A file Pillow cannot decode is digested by its bytes (building the
+    feeds refuses it)."""
+    key = (file_sha256, mode or "RGB")
+    digest = _PIXELS.get(key)
+    if digest is not None:
+        return digest
+    try:
+        from PIL import Image
+    except ImportError:
+        raise MissingExtraError("the `pillow` package (image inputs)", "images") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(path)
+        with opened:
+            image = _eight_bit(opened, str(path), "", recipe_file=path).convert(key[1])
+            pixels = f"{image.mode} {image.size} ".encode() + image.tobytes()
+        digest = "image pixels sha256 " + hashlib.sha256(pixels).hexdigest()
+    except (OSError, ValueError, SyntaxError, RecipeError, Image.DecompressionBombError):
+        digest = "image sha256 " + file_sha256
+    if len(_PIXELS) >= _PIXELS_ENTRIES:
+        _PIXELS.clear()
+    _PIXELS[key] = digest
+    return digest

@@ -88,13 +88,14 @@ def _column_cells(values: np.ndarray) -> np.ndarray | list[bytes]:
 
 
 def _numbers(array: np.ndarray) -> tuple[bytes, np.ndarray] | None:
-    """b"i" and the values as int64, or b"f" and as float64 (every NaN the same NaN), for an array of numbers of any
-    width: what tells cells apart is the kind and the value, as in the model's feed. None for anything else."""
+    """b"i" and the values as int64, or b"f" and as float64 (every NaN the same NaN, -0.0 as 0.0: bit patterns the
+    model computes alike, which a digest of the bytes told apart), for an array of numbers of any width: what tells
+    cells apart is the kind and the value, as in the model's feed. None for anything else."""
     kind = array.dtype.kind
     if kind in "bi" or (kind == "u" and (array.size == 0 or int(array.max()) < 2**63)):
         return b"i", array.astype(np.int64)
     if kind == "f":
-        wide = array.astype(np.float64)
+        wide = array.astype(np.float64) + 0.0  # -0.0 + 0.0 is 0.0
         return b"f", np.where(np.isnan(wide), np.nan, wide)
     return None
 
