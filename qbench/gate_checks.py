@@ -23,6 +23,8 @@ from qbench.validate.catalogue import METRICS, drop, impossible_value, within
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from qbench.data.evaluation import EvaluationRows
 
 STATUSES = ("ok", "failed", "skipped")
@@ -419,9 +421,10 @@ def _same_drop(recorded: float, expected: float, *figures: float) -> bool:
     return within(abs(recorded - expected), 0.0, *figures)
 
 
-def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
+def evaluation_from_data(recipe: Recipe, export: Path | None = None) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
-    the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows)."""
+    the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows). `export`: a
+    PyTorch source's ONNX export the sweep measured (gate_fresh.measured_export), read as an ONNX source's file is."""
     from qbench.data import evaluation_rows, load_data_table
     from qbench.data.content import numeric_dtypes
     from qbench.modelinfo import read_model_info
@@ -430,8 +433,9 @@ def evaluation_from_data(recipe: Recipe) -> EvaluationRows:
 
     # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
-    path, model_inputs, unread = recipe.model_path, None, {}
-    # a PyTorch source's export takes each input as model.input_dtypes states it (float32 by default)
+    path, model_inputs, unread = export or recipe.model_path, None, {}
+    # a PyTorch source's export takes each input as model.input_dtypes states it (float32 by default); where the export
+    # is gone, every input counts as read
     fed_as = numeric_dtypes({name: recipe.model.input_dtype(name) for name in recipe.model.example_inputs or {}})
     if path is not None and path.is_file():
         try:

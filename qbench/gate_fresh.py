@@ -132,3 +132,18 @@ def changed_models(results: SweepResults) -> list[str]:
             problems.append(f"{result.key}: the model file {path} is not the model measured (its sha256 differs "
                             "from the recorded model_sha256: replaced or edited after the sweep); re-run `qbench sweep`")
     return problems
+
+
+def measured_export(results: SweepResults, recipe: Recipe) -> Path | None:
+    """For a PyTorch source, the ONNX export its FP32 reference was measured as (a result's `model_path`), where the
+    file is still there and holds that model (its recorded `model_sha256`): which inputs the sweep digested by their
+    values, and as which types, is a fact of that graph (an input forward() never reads is left out of the digests),
+    and the recipe does not state it. None for an ONNX source (the recipe names its model) or an export gone."""
+    if recipe.model.torch is None:
+        return None
+    for result in results.variants:
+        path = Path(result.model_path) if result.model_path else None
+        if (result.variant == results.reference and result.status == "ok" and path is not None and path.is_file()
+                and result.model_sha256 and model_sha256(path) == result.model_sha256):  # fmt: skip
+            return path
+    return None

@@ -24,6 +24,7 @@ from qbench.gate_fresh import (
     changed_fields,
     changed_models,
     edited_recipe_file,
+    measured_export,
     stale_inputs,
     stale_sections,
 )
@@ -115,8 +116,14 @@ def run_gate(
     fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
     evaluated = None
     if not problems:  # stale results are unusable already: what changed data gives says nothing more
-        evaluated, cannot = _evaluation_from_data(asked)
+        export = measured_export(results, asked)
+        evaluated, cannot = _evaluation_from_data(asked, export)
         problems += cannot
+        if asked.model.torch and export is None and evaluated and evaluated.distinct_inputs != results.distinct_inputs:
+            notes.append("distinct inputs re-derived without the ONNX export the sweep measured (gone: another "
+                         "machine, or $QBENCH_CACHE_DIR cleared): each input counted by its values as "
+                         "model.input_dtypes types it, where the sweep left out those forward() never reads; "
+                         "gate where it swept")  # fmt: skip
         if evaluated is None and not cannot:
             notes.append(f"slices not re-derived: the data file {asked.data_path} is gone (only the recipe's named "
                          "slices are required, at the sizes the results record)")  # fmt: skip
@@ -161,13 +168,14 @@ def gate_changed_since_the_sweep(report: GateReport, results: SweepResults, aske
     return [f"judged by the recipe's {', '.join(changes)}, changed since the sweep{said}"]
 
 
-def _evaluation_from_data(recipe: Recipe) -> tuple[EvaluationRows | None, list[str]]:
-    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation,
-    so the gate requires exactly the slices a sweep writes), with the problem that stops it if any. None without
-    a problem: the data file is gone (only with --no-staleness-check does the gate get this far without it)."""
+def _evaluation_from_data(recipe: Recipe, export: Path | None) -> tuple[EvaluationRows | None, list[str]]:
+    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation, of
+    a PyTorch source's measured `export` where it is still there: gate_fresh.measured_export; so the gate requires
+    exactly the slices a sweep writes), with the problem that stops it if any. None without a problem: the data file
+    is gone (only with --no-staleness-check does the gate get this far without it)."""
     if not recipe.data_path.exists():
         return None, []
     try:
-        return evaluation_from_data(recipe), []
+        return evaluation_from_data(recipe, export), []
     except QbenchError as exc:
         return None, [f"the slices cannot be re-derived from the data: {exc}"]

@@ -1,0 +1,101 @@
+"""`qbench sweep` then `qbench gate` on a PyTorch source: the gate re-derives what the sweep derived from the module's
+export. A forward() that never reads one of its inputs (a row id passed along) has that input left out of the sweep's
+distinct-input digests, as an ONNX file's is; the gate, which has no model file in the recipe, counted the id and
+found every row distinct (`distinct_inputs: got {'overall': 10, ...}, the data gives {}`): exit 2 on sound results."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch")
+
+from qbench.cli_app import main  # noqa: E402
+from qbench.results import read_results  # noqa: E402
+
+PACKAGE = "gate_ids_pkg"
+MODELS = '''
+import torch
+
+
+class Scorer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x, row_id):
+        return self.head(x)
+'''
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """40 rows repeating 10 feature rows, each with its own id fed to `row_id`, swept once (FP16); the recipe file."""
+    root = tmp_path_factory.mktemp("ids")
+    (root / PACKAGE).mkdir()
+    (root / PACKAGE / "__init__.py").write_text("")
+    (root / PACKAGE / "models.py").write_text(MODELS)
+    rng = np.random.default_rng(0)
+    features = np.tile(rng.normal(size=(10, 4)).astype(np.float32), (4, 1))
+    pd.DataFrame({"x": list(features), "rid": np.arange(40, dtype=np.int64), "label": rng.integers(0, 3, 40),
+                  "half": np.where(np.arange(40) % 2 == 0, "a", "b")}).to_parquet(root / "data.parquet")  # fmt: skip
+    recipe = {
+        "name": "gate-ids",
+        "model": {"torch": f"{PACKAGE}.models:Scorer", "example_inputs": {"x": [1, 4], "row_id": [1]},
+                  "input_dtypes": {"row_id": "int64"}},
+        "data": {"path": "data.parquet", "inputs": {"x": "x", "rid": "row_id"}, "label": "label",
+                 "slices": [{"by": "half"}]},
+        "variants": [{"name": "fp16", "precision": "fp16"}],
+        "backends": ["onnxruntime-cpu"],
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
+        "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
+        "output_dir": "runs",
+    }  # fmt: skip
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    sys.path.insert(0, str(root))
+    try:
+        assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
+        yield root / "recipe.yaml"
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
+            del sys.modules[name]
+
+
+def _results(recipe: Path):
+    return read_results(next((recipe.parent / "runs" / "gate-ids").glob("*/results.json")))
+
+
+def test_the_sweep_counts_the_rows_by_the_inputs_forward_reads(swept: Path) -> None:
+    assert _results(swept).distinct_inputs == {"overall": 10, "half=a": 5, "half=b": 5}
+
+
+def test_the_gate_counts_them_from_the_export_the_sweep_measured(swept: Path, capsys) -> None:
+    assert main(["gate", str(swept)]) == 0
+    out = capsys.readouterr().out
+    assert "distinct_inputs" not in out
+    assert "10 distinct inputs" in out  # the resolution note counts the inputs, not the ids
+
+
+def test_with_the_export_gone_the_gate_fails_closed_and_says_why(swept: Path, capsys) -> None:
+    """Gated on another machine (no export cache), the ids cannot be told unread: the counts differ, and a note says
+    that is why rather than leaving the results looking edited."""
+    (fp32,) = [v for v in _results(swept).variants if v.variant == "fp32"]
+    export = Path(fp32.model_path)
+    moved = export.with_name("moved.onnx")
+    shutil.move(export, moved)
+    try:
+        assert main(["gate", str(swept)]) == 2
+    finally:
+        shutil.move(moved, export)
+    out = capsys.readouterr().out
+    assert "distinct_inputs: got {'overall': 10" in out
+    assert "re-derived without the ONNX export the sweep measured" in out
