@@ -14,6 +14,7 @@ from qbench.provenance import (
     image_inputs,
     input_files,
     model_sha256,
+    recorded_factory_files,
     recorded_module_files,
 )
 from qbench.recipe import JUDGED_SECTIONS, RESULT_SECTIONS, Recipe, load_recipe
@@ -94,12 +95,13 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
     `recipe` (the one given, else the one the results embed) says which inputs decide the results: each must
     have a recorded digest matching its file now. The results' own record never decides which of those inputs
     are checked: one whose entry was dropped would leave its file unchecked. It adds the modules of the project
-    the recipe's code imported, which only the sweep that ran it can name (their record is `project_modules`
-    evidence: results without it cannot be judged).
+    the recipe's code imported, and the files its PyTorch factory read, which only the sweep that ran it can name
+    (their record is `project_modules` evidence: results without it cannot be judged).
     """
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
-    files = {**input_files(recipe), **recorded_module_files(results.inputs, recipe)}
+    files = {**input_files(recipe), **recorded_module_files(results.inputs, recipe),
+             **recorded_factory_files(results.inputs, recipe)}  # fmt: skip
     try:
         images = {name: entry.sha256 for name, entry in image_inputs(recipe).items()}
     except QbenchError as exc:  # the table naming the images is unreadable now: they cannot be what was measured

@@ -12,10 +12,13 @@ Code the recipe names (the factory, custom metrics) imports more of the user's p
 records them after its preparation imported it (`project_module_digests`), and again once its jobs ran it (a metric
 importing a helper inside its function, when first called), and the gate re-hashes each module the
 results record (`recorded_module_files`): an edit to the model's class no longer leaves the old figures judged.
+The files of the project a PyTorch factory opened to read as it built the module (a checkpoint it loads itself, not
+through model.weights) are recorded alike (`factory_file_digests`, `recorded_factory_files`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError, RecipeError
 from qbench.recipe_data import ImageInputSpec
-from qbench.user_code import module_source, not_found
+from qbench.user_code import installed, module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.digests import FileKey
@@ -33,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
 TOKENIZER_INPUT_SUFFIX = ".tokenizer.path folder"  # data.inputs.<column> + this: a text column's tokenizer folder
 PROJECT_MODULE_INPUT = "python module "  # + its name: a module of the user's project the recipe's code imported
+FACTORY_FILE_INPUT = "model.torch read "  # + its path from the recipe's folder: a project file the factory read
 
 
 def image_files_input(column: str) -> str:
@@ -120,13 +124,46 @@ def project_module_digests(recipe: Recipe) -> dict[str, InputDigest]:
     named = code_modules(recipe)
     if not named:
         return {}
-    roots = [recipe.base_dir, *(source.parent for name in named if (source := module_source(name, recipe.base_dir)))]
     try:
-        sources = project_sources_sha256(list(dict.fromkeys(roots)))
+        sources = project_sources_sha256(_project_roots(recipe))
     except EditedAfterImport as exc:  # its digest would name code the sweep does not run
         raise QbenchError(f"{recipe.source}: {exc}") from None
     return {f"{PROJECT_MODULE_INPUT}{name}": InputDigest(str(path), sha) for name, (path, sha) in sources.items()
             if name not in named}  # those are inputs of their own (`input_files`)
+
+
+def _project_roots(recipe: Recipe) -> list[Path]:
+    """The folders the user's project is under: the recipe's, and that of each module the recipe names as code."""
+    named = code_modules(recipe)
+    roots = [recipe.base_dir, *(source.parent for name in named if (source := module_source(name, recipe.base_dir)))]
+    return list(dict.fromkeys(roots))
+
+
+def factory_file_digests(recipe: Recipe, files: Iterable[str]) -> dict[str, InputDigest]:
+    """Of `files` (the paths a PyTorch factory opened to read: TorchModel.read_files), each of the user's project (under
+    `_project_roots`, no module source, no installed package's, not model.weights: inputs of their own) by input name:
+    a checkpoint or config the factory loads itself decides the module as model.weights does, and a gate comparing
+    its code alone judged figures of weights replaced since."""
+    from qbench.digests import file_sha256
+
+    roots = [Path(os.path.realpath(root)) for root in _project_roots(recipe)]
+    weights = Path(os.path.realpath(recipe.weights_path)) if recipe.weights_path is not None else None
+    digests = {}
+    for file in sorted(files):
+        path = Path(os.path.realpath(file))
+        if (path.suffix in (".py", ".pyc") or path == weights or not path.is_file() or installed(path)
+                or not any(path.is_relative_to(root) for root in roots)):  # fmt: skip
+            continue
+        relative = Path(os.path.relpath(path, os.path.realpath(recipe.base_dir))).as_posix()
+        digests[f"{FACTORY_FILE_INPUT}{relative}"] = InputDigest(str(path), file_sha256(path))
+    return digests
+
+
+def recorded_factory_files(recorded: Iterable[str], recipe: Recipe) -> dict[str, Path]:
+    """The file now of each file the factory read that `recorded` (a results file's input names) names, at its place
+    from the recipe's folder (a project checked out elsewhere included)."""
+    return {name: recipe.base_dir / name.removeprefix(FACTORY_FILE_INPUT) for name in recorded
+            if name.startswith(FACTORY_FILE_INPUT)}  # fmt: skip
 
 
 def recorded_module_files(recorded: Iterable[str], recipe: Recipe) -> dict[str, Path]:

@@ -47,6 +47,8 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("project_modules", "inputs: each module of the user's project the recipe's code imported",
              "staleness of the code the PyTorch factory or a custom metric imports (a model class in another file)",
              code=True),
+    Evidence("factory_files", "inputs: each file of the user's project the PyTorch factory opened to read",
+             "staleness of a checkpoint or config the factory loads itself (not through model.weights)", code=True),
     Evidence("fp32_drops", "each later backend's FP32 drops, taken against the first backend's FP32", "each later "
              "backend's FP32 against the first backend's (its drops, as the report and MLflow show them)",
              several_backends=True),

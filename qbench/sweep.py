@@ -35,7 +35,13 @@ from qbench.gate_notes import nonfinite_reference_rows
 from qbench.gate_tolerance import reference_tolerances
 from qbench.interrupt import EndedBySignal, Interrupted, SignalGuard
 from qbench.preflight import Prepared, prepare
-from qbench.provenance import InputDigest, input_digests, project_module_digests, recipe_record
+from qbench.provenance import (
+    InputDigest,
+    factory_file_digests,
+    input_digests,
+    project_module_digests,
+    recipe_record,
+)
 from qbench.recipe import Recipe, load_recipe
 from qbench.report import write_markdown_report
 from qbench.report_html import write_html_report
@@ -119,9 +125,12 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             # it hashed: a later edit to them cannot reach it
             local = recipe.executor.kind == "local"
             prepared = prepare(recipe, track=track, backends=local, snapshot=snapshot)
-            # the modules of the user's project the recipe's code imported (its model's classes) are inputs too
+            # the modules of the user's project the recipe's code imported (its model's classes) are inputs too, as
+            # are the files of it the factory read (a checkpoint it loads itself)
             modules = project_module_digests(recipe)
-            recorded_inputs = {**inputs, **modules}
+            torch_model = prepared.source.torch
+            read = factory_file_digests(recipe, torch_model.read_files) if torch_model is not None else {}
+            recorded_inputs = {**inputs, **modules, **read}
             if local:  # the reference runs every batch size asked for, or nothing is built (a cluster's nodes check)
                 _check_reference_runs(prepared)
             clock.add("prepare", t)

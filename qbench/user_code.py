@@ -5,7 +5,8 @@ recipe's folder first on `sys.path`. Finding its source file (for digests) impor
 
 `project_modules` lists the modules of the user's own project a process has imported (whatever forward() may
 call), for a cache key that follows every edit to them; `edited_since_seen` tells when the code in memory is
-no longer the file on disk, which such a key would then misdescribe.
+no longer the file on disk, which such a key would then misdescribe. `files_read` lists the files such code opened
+for reading while it ran (a checkpoint a factory loads itself), through Python's `open` audit events.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import importlib.util
 import os
 import sys
 import sysconfig
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +28,8 @@ from qbench.errors import QbenchError
 # module -> sha256 of its file when qbench first hashed it in this process
 _SOURCE_AT_FIRST_SIGHT: weakref.WeakKeyDictionary[ModuleType, str] = weakref.WeakKeyDictionary()
 _INSTALLED = frozenset({"site-packages", "dist-packages"})
+_READING = threading.local()  # .files: the set files_read() fills on this thread, while one is open
+_HOOKED: list[bool] = []  # whether the audit hook is in place (once per process: a hook cannot be removed)
 
 
 def module_source(module_name: str, search_dir: Path) -> Path | None:
@@ -127,3 +131,29 @@ def edited_since_seen(module: ModuleType, sha256: str) -> bool:
     process: the code running is then not the code on disk. A file edited after its import but before qbench
     first hashed it cannot be told apart."""
     return _SOURCE_AT_FIRST_SIGHT.setdefault(module, sha256) != sha256
+
+
+@contextlib.contextmanager
+def files_read() -> Iterator[set[str]]:
+    """The absolute paths of the files this thread opens only to read, inside the block (Python's `open` audit event:
+    builtins.open, io.open, os.open; a reader in native code that opens its file itself is not seen)."""
+    if not _HOOKED:
+        sys.addaudithook(_opened)
+        _HOOKED.append(True)
+    outer, found = getattr(_READING, "files", None), set()
+    _READING.files = found
+    try:
+        yield found
+    finally:
+        _READING.files = outer
+
+
+def _opened(event: str, args: tuple) -> None:
+    if event != "open" or getattr(_READING, "files", None) is None:
+        return
+    path, mode, flags = args
+    if isinstance(path, int) or path is None:  # an open file descriptor: its path was seen when it was opened
+        return
+    reads = not set("wax+") & set(mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) == os.O_RDONLY
+    if reads:
+        _READING.files.add(os.path.abspath(os.fsdecode(path)))

@@ -22,11 +22,12 @@ from qbench.validate.accuracy import evaluate_accuracy, with_drops
 SPEC = GateSpec(metric="accuracy", max_drop=0.03, unresolved="note")
 OLD_LINE = (
     "results written by qbench '0.1.0' record no output_spread, spread_of_values_read, kept, stored_weights, "
-    "random_ops, model_sha256, project_modules (this qbench's sweep records them), so these checks cannot be applied: "
-    "output_spread (collapsed outputs); output_spread of per-token scores and answer spans; "
+    "random_ops, model_sha256, project_modules, factory_files (this qbench's sweep records them), so these checks "
+    "cannot be applied: output_spread (collapsed outputs); output_spread of per-token scores and answer spans; "
     "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions); the note on a reference stored rounded; "
     "results of a deterministic reference; the measured model file is the one measured; staleness of the code the "
-    "PyTorch factory or a custom metric imports (a model class in another file); re-run `qbench sweep`"
+    "PyTorch factory or a custom metric imports (a model class in another file); staleness of a checkpoint or config "
+    "the factory loads itself (not through model.weights); re-run `qbench sweep`"
 )
 
 

@@ -1,4 +1,4 @@
-"""The user's project as a process imported it: which modules a cache key follows."""
+"""The user's project as a process imported it: which modules a cache key follows, and which files its code read."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qbench.user_code import project_modules
+from qbench.user_code import files_read, project_modules
 
 NAMES = ("uc_helper", "uc_vendored", "uc_elsewhere", "uc_pkg", "uc_pkg.inner")
 
@@ -84,3 +84,24 @@ def test_project_modules_follow_links_into_the_project_and_resolve_each_folder_o
     ]
     files = {m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}
     assert [path for path in calls if path in files] == [str(links / "uc_helper.py")]  # the linked file's alone
+
+
+def test_files_read_are_those_opened_to_read_inside_the_block_on_this_thread(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    for name in ("checkpoint.bin", "config.json", "state.json", "before.txt", "other_thread.txt"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "before.txt").read_text()
+    with files_read() as found:
+        (tmp_path / "checkpoint.bin").read_bytes()
+        os.close(os.open(tmp_path / "config.json", os.O_RDONLY))
+        (tmp_path / "log.txt").write_text("written, not read")
+        with open(tmp_path / "state.json", "r+"):  # opened to write too: what the code wrote is no input
+            pass
+        elsewhere = threading.Thread(target=(tmp_path / "other_thread.txt").read_text)
+        elsewhere.start()
+        elsewhere.join()
+    (tmp_path / "after.txt").write_text("after")
+    (tmp_path / "after.txt").read_text()
+    assert found == {str(tmp_path / "checkpoint.bin"), str(tmp_path / "config.json")}

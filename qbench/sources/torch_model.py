@@ -40,7 +40,7 @@ from qbench.sources.torch_outputs import flatten_outputs, own_names
 from qbench.sources.torch_settings import settings_sha256
 from qbench.sources.torch_weights import load_weights, refuse_meta_tensors
 from qbench.sources.torch_wrappers import eval_mode, generated_code_sha256, guard_remedy, is_script_module, unwrapped
-from qbench.user_code import EditedAfterImport, module_source, not_found, project_sources_sha256
+from qbench.user_code import EditedAfterImport, files_read, module_source, not_found, project_sources_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ class TorchModel:
     factory_source_sha256: str = ""  # of the factory's module source as imported
     lengths: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # input -> {axis: name}, dynamic beside 0
     length_field: str = ""  # the recipe field that makes `lengths` vary (qbench.sources.torch_lengths)
+    read_files: frozenset[str] = frozenset()  # what the factory opened to read (provenance.factory_file_digests)
 
     @property
     def input_names(self) -> tuple[str, ...]:
@@ -187,7 +188,8 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     if source is None:
         raise RecipeError(recipe.source, "model.torch", not_found(module_name, recipe.base_dir))
     with single_torch_thread():
-        module = _build_template(recipe, source, weights or recipe.weights_path)
+        with files_read() as read:
+            module = _build_template(recipe, source, weights or recipe.weights_path)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
         dtypes = {name: spec.input_dtype(name) for name in shapes}
@@ -213,6 +215,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         cache_key=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         _template=module,
         factory_source_sha256=source_sha256,
+        read_files=frozenset(read),
         lengths=lengths,
         length_field=length_field,
     )

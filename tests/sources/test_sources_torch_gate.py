@@ -1,7 +1,12 @@
-"""`qbench sweep` then `qbench gate` on a PyTorch source: the gate re-derives what the sweep derived from the module's
-export. A forward() that never reads one of its inputs (a row id passed along) has that input left out of the sweep's
-distinct-input digests, as an ONNX file's is; the gate, which has no model file in the recipe, counted the id and
-found every row distinct (`distinct_inputs: got {'overall': 10, ...}, the data gives {}`): exit 2 on sound results."""
+"""`qbench sweep` then `qbench gate` on a PyTorch source.
+
+The gate re-derives what the sweep derived from the module's export. A forward() that never reads one of its inputs
+(a row id passed along) has that input left out of the sweep's distinct-input digests, as an ONNX file's is; the gate,
+which has no model file in the recipe, counted the id and found every row distinct (`distinct_inputs: got
+{'overall': 10, ...}, the data gives {}`): exit 2 on sound results.
+
+A factory that loads its own checkpoint (not through model.weights) is a model whose weights the gate must follow, as
+it follows an ONNX file: a checkpoint replaced after the sweep was judged on the old weights' figures (exit 0)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from qbench.cli_app import main  # noqa: E402
 from qbench.results import read_results  # noqa: E402
 
 PACKAGE = "gate_ids_pkg"
+LOADING = "gate_ckpt_pkg"
 MODELS = '''
 import torch
 
@@ -33,6 +39,17 @@ class Scorer(torch.nn.Module):
 
     def forward(self, x, row_id):
         return self.head(x)
+'''
+LOADS_ITS_CHECKPOINT = '''
+from pathlib import Path
+
+import torch
+
+
+def build():
+    model = torch.nn.Linear(4, 3)
+    model.load_state_dict(torch.load(Path(__file__).parent / "checkpoint.pt", weights_only=True))
+    return model
 '''
 
 
@@ -68,6 +85,49 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         sys.path.remove(str(root))
         for name in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
             del sys.modules[name]
+
+
+@pytest.fixture
+def loads_its_checkpoint(tmp_path: Path) -> Iterator[Path]:
+    """A factory loading `checkpoint.pt` beside it, swept once (FP16) on labels its weights give; the recipe file."""
+    (tmp_path / LOADING).mkdir()
+    (tmp_path / LOADING / "__init__.py").write_text("")
+    (tmp_path / LOADING / "models.py").write_text(LOADS_ITS_CHECKPOINT)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    torch.save(model.state_dict(), tmp_path / LOADING / "checkpoint.pt")
+    features = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
+    with torch.no_grad():
+        labels = model(torch.from_numpy(features)).argmax(dim=1).numpy()
+    pd.DataFrame({"x": list(features), "label": labels.astype(np.int64)}).to_parquet(tmp_path / "data.parquet")
+    recipe = {
+        "name": "gate-ckpt", "model": {"torch": f"{LOADING}.models:build", "example_inputs": {"x": [1, 4]}},
+        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "label": "label"},
+        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
+        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
+        "gate": {"metric": "accuracy", "max_drop": 0.05, "unresolved": "note"}, "output_dir": "runs",
+    }  # fmt: skip
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert main(["sweep", str(tmp_path / "recipe.yaml"), "--no-track"]) == 0
+        yield tmp_path / "recipe.yaml"
+    finally:
+        sys.path.remove(str(tmp_path))
+        for name in [m for m in sys.modules if m.split(".")[0] == LOADING]:
+            del sys.modules[name]
+
+
+def test_a_checkpoint_the_factory_loads_itself_replaced_after_the_sweep_makes_the_results_stale(
+    loads_its_checkpoint: Path, capsys
+) -> None:
+    assert main(["gate", str(loads_its_checkpoint)]) == 0
+    capsys.readouterr()
+    torch.manual_seed(1)
+    torch.save(torch.nn.Linear(4, 3).state_dict(), loads_its_checkpoint.parent / LOADING / "checkpoint.pt")
+    assert main(["gate", str(loads_its_checkpoint)]) == 2
+    out = capsys.readouterr().out
+    assert f"stale results: model.torch read {LOADING}/checkpoint.pt (" in out
 
 
 def _results(recipe: Path):
