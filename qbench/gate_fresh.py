@@ -96,8 +96,7 @@ def stale_inputs(results: SweepResults, recipe: Recipe) -> tuple[list[str], list
     have a recorded digest matching its file now. The results' own record never decides which of those inputs
     are checked: one whose entry was dropped would leave its file unchecked. It adds the modules of the project
     the recipe's code imported, and the files its PyTorch factory read, which only the sweep that ran it can name
-    (their record is `project_modules` evidence: results without it cannot be judged).
-    """
+    (their records are `project_modules` and `factory_files` evidence: results without them cannot be judged)."""
     if not results.inputs:
         return ["inputs: the results record no input digests, so they cannot be checked for staleness"], []
     files = {**input_files(recipe), **recorded_module_files(results.inputs, recipe),

@@ -119,7 +119,8 @@ def run_gate(
         export = measured_export(results, asked)
         evaluated, cannot = _evaluation_from_data(asked, export)
         problems += cannot
-        if asked.model.torch and export is None and evaluated and evaluated.distinct_inputs != results.distinct_inputs:
+        if (asked.model.torch and export is None and evaluated is not None
+                and evaluated.distinct_inputs != results.distinct_inputs):  # fmt: skip
             notes.append("distinct inputs re-derived without the ONNX export the sweep measured (gone: another "
                          "machine, or $QBENCH_CACHE_DIR cleared): each input counted by its values as "
                          "model.input_dtypes types it, where the sweep left out those forward() never reads; "
