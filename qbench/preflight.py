@@ -199,6 +199,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
                        "rows too): %d rows evaluated", evaluation.held_out, len(evaluation.rows))  # fmt: skip
     eval_slices = evaluation.slices
     outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
+    for note in filter(None, (choice.meta.declaration_note() for choice in outputs)):
+        logger.warning(note)
     _check_gate_metric(recipe, task, outputs)
     warn_unread_inputs(recipe, source.onnx_path, [c.name for c in outputs])
     labels = _labels(recipe, task, table, eval_rows, outputs)
