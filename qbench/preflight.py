@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from qbench.backends.onnxruntime import quiet_runtime_log
 from qbench.data import (
     NonfiniteMasks,
     build_feeds,
@@ -149,6 +150,7 @@ def prepare(
     copies the inputs it hashed (qbench.execute.snapshot), called once the plan and the destinations are
     checked: the model, weights and data are then read from those copies, never from the recipe's paths,
     and a message about them names the user's files."""
+    quiet_runtime_log()
     check_plan(recipe)
     if destinations:
         check_destinations(recipe, track=track)

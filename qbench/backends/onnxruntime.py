@@ -119,6 +119,20 @@ def quiet_run_options(ort: ModuleType) -> onnxruntime.RunOptions:
     return options
 
 
+def quiet_runtime_log() -> None:
+    """ONNX Runtime's process-wide log at errors only, for the sessions that set no log_severity_level of their own:
+    those ONNX Runtime's tools make (its calibrators, in every INT8 and FP8 build and in `qbench explain`) and any
+    of qbench's that leave it unset (range analysis). Their load warnings, an unused initializer removed or an output
+    declared with other sizes than it computes, were printed in ANSI colour amid qbench's lines, once per session;
+    qbench says what matters of them itself (a contradicted output declaration: qbench.modelinfo). Sessions that set
+    a level keep it (the backends' errors only)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # no runtime, no log to quiet: the backends name the package to install
+        return
+    ort.set_default_logger_severity(3)
+
+
 class OnnxRuntimeRunner:
     """One InferenceSession. describe() reads back what the session really uses, not what was asked."""
 
