@@ -19,6 +19,7 @@ import numpy as np
 from qbench.backends.base import RunOptions
 from qbench.environment import timed_threads
 from qbench.errors import MachineSetupError, MissingExtraError, QbenchError, expected_one_of
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -142,6 +143,7 @@ class OnnxRuntimeRunner:
         self._version = version
         self._load_note = load_note  # how the session came to differ from what was asked (OnnxRuntimeBackend.load)
         self._run_options = run_options
+        self._per_call = session_per_call_inputs(session)  # fed their rows' one value (qbench.per_call)
 
     def _live(self) -> onnxruntime.InferenceSession:
         if self._session is None:
@@ -149,7 +151,7 @@ class OnnxRuntimeRunner:
         return self._session
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return self._live().run(None, dict(feeds), self._run_options)
+        return self._live().run(None, dict(fed_per_call(feeds, self._per_call)), self._run_options)
 
     def describe(self) -> dict[str, Any]:
         session = self._live()
