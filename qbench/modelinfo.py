@@ -59,6 +59,16 @@ class TensorMeta:
     scalar: bool = False  # the graph declares a shape of rank 0 (shape () alone may also mean no shape stated)
     constant: bool = False  # computed from no graph input (an initializer, a Constant): the same whatever the rows
     fixed: bool = False  # every axis static as the graph computes it (onnx's inference agrees with the declaration)
+    declared_shape: tuple[int | None, ...] | None = None  # the graph's declaration, where shape is what it computes
+
+    def declaration_note(self) -> str | None:
+        """One line saying that the graph declares this output with other sizes than it computes, None where not."""
+        if self.declared_shape is None:
+            return None
+        declared = dataclasses.replace(self, shape=self.declared_shape).shape_text()  # a dynamic axis keeps its name
+        return (f"output {plain_name(self.name)!r} is declared {declared} but its operators compute "
+                f"{self.shape_text()} (ONNX Runtime returns the computed shape, with a VerifyOutputSizes warning): "
+                "read as computed")
 
     def shape_text(self) -> str:
         """The shape with dynamic dims by name where the graph names them: [8, 'batch', 6]."""
@@ -121,13 +131,14 @@ def read_model_info(path: Path) -> ModelInfo:
     producers = {out: node for node in model.graph.node for out in node.output}
     facts = score_facts(model)
     fed = _fed_by_inputs(model.graph, set(inputs))
-    fixed = _fixed_by_graph(model) if rows_input(inputs) is not None else set()  # read by that case alone
+    # a fixed-batch model (every input's axis 0 static) is not inferred: its exporter computed the declarations at that
+    # shape, and the fixed-per-call case reads them only beside dynamic rows (0.33 s of 0.58 s of reading 4000 nodes)
+    computed = _computed_shapes(model) if rows_input(inputs) is not None else {}
+    fixed = _fixed_by_graph(model, computed)
     outputs = {}
     for value in model.graph.output:
-        meta = _meta(value, producers.get(value.name))
-        targets = _stated_targets(value.name, producers)
-        if targets is not None and meta.kind == "tensor" and len(meta.shape) == 2 and meta.shape[1] != targets:
-            meta = dataclasses.replace(meta, shape=(meta.shape[0], targets), dim_names=(meta.dim_names[0], None))
+        meta = _as_computed(_meta(value, producers.get(value.name)), computed.get(value.name),
+                            _stated_targets(value.name, producers))
         if meta.kind == "map" or meta.dtype.kind == "f":  # scores, not labels
             meta = dataclasses.replace(meta, off_label=facts.off_label.get(value.name),
                                        lowest_wins=value.name in facts.lowest_wins,
@@ -156,32 +167,58 @@ def rows_input(inputs: Mapping[str, TensorMeta]) -> str | None:
     return next((name for name, m in inputs.items() if m.shape and m.shape[0] is None), None)
 
 
-def _fixed_by_graph(model: onnx.ModelProto) -> set[str]:
-    """The outputs declared with every axis static ([1], [1, 3]) whose shape onnx's inference computes the same from
-    the graph, their declarations set aside: a converter's declaration alone may be wrong (onnxmltools declares a
-    LightGBM classifier's `label` [1], which runs one per row), and so may its value_info of the tensors inside (a
-    trace at batch 1), which inference would take as given: it computes from the inputs and the operators alone."""
+def _computed_shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
+    """Each tensor output's shape as onnx's inference computes it from the inputs and the operators alone, the graph's
+    declarations set aside: a converter's declaration may be wrong (onnxmltools declares a LightGBM classifier's
+    `label` [1], which runs one per row; a hand-edited or converted graph declares [None, 1] for an output its
+    MatMul makes [None, 2]), and so may its value_info of the tensors inside (a trace at batch 1), which inference
+    would take as given. An output inference gives no shape is left out; a graph it cannot infer gives none."""
     from onnx import shape_inference
 
     from qbench.onnx_read import typing_skeleton
 
-    declared = {v.name: dims for v in model.graph.output if v.type.WhichOneof("value") == "tensor_type"
-                and (dims := tuple(d.dim_value if d.HasField("dim_value") else None
-                                   for d in v.type.tensor_type.shape.dim)) and None not in dims}  # fmt: skip
-    if not declared:
-        return set()
     skeleton = typing_skeleton(model)
     del skeleton.graph.value_info[:]
     for value in skeleton.graph.output:
-        if value.name in declared:
+        if value.type.WhichOneof("value") == "tensor_type":
             value.type.tensor_type.ClearField("shape")
     try:
         inferred = shape_inference.infer_shapes(skeleton)
     except Exception:  # noqa: BLE001 - a graph onnx cannot infer states nothing: the run check judges its outputs
-        return set()
-    return {v.name for v in inferred.graph.output if v.name in declared and v.type.tensor_type.HasField("shape")
-            and tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
-            == declared[v.name]}  # fmt: skip
+        return {}
+    return {v.name: tuple(d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim)
+            for v in inferred.graph.output
+            if v.type.WhichOneof("value") == "tensor_type" and v.type.tensor_type.HasField("shape")}  # fmt: skip
+
+
+def _fixed_by_graph(model: onnx.ModelProto, computed: Mapping[str, tuple[int | None, ...]]) -> set[str]:
+    """The outputs declared with every axis static ([1], [1, 3]) whose shape onnx's inference computes the same from
+    the graph, its declarations set aside (`_computed_shapes`)."""
+    declared = {v.name: dims for v in model.graph.output if v.type.WhichOneof("value") == "tensor_type"
+                and (dims := tuple(d.dim_value if d.HasField("dim_value") else None
+                                   for d in v.type.tensor_type.shape.dim)) and None not in dims}  # fmt: skip
+    return {name for name, dims in declared.items() if computed.get(name) == dims}
+
+
+def _as_computed(meta: TensorMeta, computed: tuple[int | None, ...] | None, targets: int | None) -> TensorMeta:
+    """`meta` with the sizes the graph computes where its declaration states other ones, the declaration kept in
+    declared_shape: ONNX Runtime returns what the operators compute (and only warns), so labels, class counts and
+    every check read the computed sizes. `computed`: onnx's inference of the output (`_computed_shapes`); `targets`:
+    the values per row an ONNX-ML regressor's attribute states (`_stated_targets`), which inference does not compute.
+    Only a static size contradicting a static one is replaced (a dynamic axis stays as declared), and a regressor's
+    width whatever its declaration."""
+    if meta.kind != "tensor":
+        return meta
+    shape = meta.shape
+    if computed is not None and len(computed) == len(shape):
+        shape = tuple(c if d is not None and c is not None else d for d, c in zip(shape, computed))
+    if targets is not None and len(shape) == 2:
+        shape = (shape[0], targets)
+    if shape == meta.shape:
+        return meta
+    names = tuple(n if d == s else None for n, d, s in zip(meta.dim_names or (None,) * len(shape), meta.shape, shape))
+    contradicted = any(d is not None and d != s for d, s in zip(meta.shape, shape))
+    return dataclasses.replace(meta, shape=shape, dim_names=names, declared_shape=meta.shape if contradicted else None)
 
 
 def _stated_targets(name: str, producers: Mapping[str, onnx.NodeProto]) -> int | None:

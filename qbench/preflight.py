@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from qbench.backends.onnxruntime import quiet_runtime_log
 from qbench.data import (
     NonfiniteMasks,
     build_feeds,
@@ -149,6 +150,7 @@ def prepare(
     copies the inputs it hashed (qbench.execute.snapshot), called once the plan and the destinations are
     checked: the model, weights and data are then read from those copies, never from the recipe's paths,
     and a message about them names the user's files."""
+    quiet_runtime_log()
     check_plan(recipe)
     if destinations:
         check_destinations(recipe, track=track)
@@ -199,6 +201,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
                        "rows too): %d rows evaluated", evaluation.held_out, len(evaluation.rows))  # fmt: skip
     eval_slices = evaluation.slices
     outputs = _pick_outputs(recipe, task, model, label_cells(table, recipe.data, eval_rows, recipe_file=recipe.source))
+    for note in filter(None, (choice.meta.declaration_note() for choice in outputs)):
+        logger.warning(note)
     _check_gate_metric(recipe, task, outputs)
     warn_unread_inputs(recipe, source.onnx_path, [c.name for c in outputs])
     labels = _labels(recipe, task, table, eval_rows, outputs)

@@ -25,6 +25,7 @@ from qbench.errors import QbenchError, RecipeError
 from qbench.files import cache_dir
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.onnx_read import constant_leading_sizes, read_onnx
+from qbench.per_call import fed_per_call, per_call_inputs, session_per_call_inputs
 from qbench.preflight_lengths import unfixed_length, variable_length
 from qbench.preflight_random import EVAL_EXPORT, random_refusal, random_sources
 from qbench.provenance import model_sha256
@@ -215,7 +216,8 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
     """The evaluated outputs that are arrays (a sequence of maps as its score matrix; others are judged elsewhere)."""
     import onnxruntime as ort
 
-    results = session.run(None, dict(feeds), quiet_run_options(ort))  # a failure is logged once, by the caller
+    fed = fed_per_call(feeds, session_per_call_inputs(session))
+    results = session.run(None, dict(fed), quiet_run_options(ort))  # a failure is logged once, by the caller
     arrays = {}
     for name, index in outputs.items():
         try:
@@ -322,16 +324,16 @@ def batch_axis_hint(model: ModelInfo) -> str:
 
 
 def one_row_only(model: ModelInfo) -> tuple[str, str]:
-    """Why a model with a dynamic batch runs one row but not two, and what to export instead: a rank-1 input of a
-    static 1 beside an input whose axis 0 is dynamic is one value per call (an optimum merged decoder's
-    `use_cache_branch`, a flag choosing the If's branch), which qbench feeds one per row; else a graph fixing a batch
-    of 1 its inputs do not declare (a Reshape to a constant [1, -1], as older zoo exports write)."""
-    dynamic = any(meta.shape and meta.shape[0] is None for meta in model.inputs.values())
-    flags = [meta for meta in model.inputs.values() if tuple(meta.shape) == (1,)]
-    if flags and dynamic:
+    """Why a model with a dynamic batch runs one row but not two, and what to export instead: an input of one value
+    per call (qbench.per_call: an optimum merged decoder's `use_cache_branch`, a flag choosing the If's branch),
+    fed its rows' one value, which rows holding different values in its column cannot share; else a graph fixing a
+    batch of 1 its inputs do not declare (a Reshape to a constant [1, -1], as older zoo exports write)."""
+    per_call = per_call_inputs({name: meta.shape for name, meta in model.inputs.items() if meta.kind == "tensor"})
+    flags = [meta for name, meta in model.inputs.items() if name in per_call]
+    if flags:
         named = ", ".join(f"{meta.name!r} {meta.shape_text()}" for meta in flags)
         return (f"so model input {named} holds one value per call beside inputs with a dynamic batch (a flag, as an "
-                "optimum merged decoder's use_cache_branch is), where qbench feeds one value per row",
+                "optimum merged decoder's use_cache_branch is), whose rows hold different values in its column",
                 "or export a model without it (optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx)")
     return ("so its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant [1, -1])",
             "or export it with a dynamic batch")

@@ -216,9 +216,10 @@ def flag_model() -> onnx.ModelProto:
 
 
 def test_a_flag_input_of_one_value_per_call_is_named_not_taken_for_a_hidden_reshape(tmp_path, monkeypatch, capsys):
-    """A merged decoder's `use_cache_branch` [1] beside inputs with a dynamic batch runs one row but not two: the line
-    said "its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant [1, -1])", of a graph with no
-    Reshape whose input declares that 1; it now names the input. The batch fields it says to set make the recipe run."""
+    """A merged decoder's `use_cache_branch` [1] beside inputs with a dynamic batch, its column alternating, runs one
+    row but not two: the line said "its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant
+    [1, -1])", of a graph with no Reshape whose input declares that 1; it now names the input. The batch fields it says
+    to set make the recipe run (a column of one value runs at any batch: tests/data/test_per_call.py)."""
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path / "p", flag_model())
     spec = yaml.safe_load(recipe.read_text())
@@ -233,7 +234,7 @@ def test_a_flag_input_of_one_value_per_call_is_named_not_taken_for_a_hidden_resh
     assert len(lines) == 1, err
     assert lines[0].endswith("it runs one row but not two, so model input 'flag' [1] holds one value per call beside "
                              "inputs with a dynamic batch (a flag, as an optimum merged decoder's use_cache_branch is), "
-                             "where qbench feeds one value per row: set latency.batch_sizes: [1], "
+                             "whose rows hold different values in its column: set latency.batch_sizes: [1], "
                              "data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, or export a model without "
                              "it (optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx)"), lines[0]  # fmt: skip
     assert "Reshape" not in lines[0]

@@ -19,6 +19,7 @@ import numpy as np
 from qbench.backends.base import RunOptions
 from qbench.environment import timed_threads
 from qbench.errors import MachineSetupError, MissingExtraError, QbenchError, expected_one_of
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,6 +120,20 @@ def quiet_run_options(ort: ModuleType) -> onnxruntime.RunOptions:
     return options
 
 
+def quiet_runtime_log() -> None:
+    """ONNX Runtime's process-wide log at errors only, for the sessions that set no log_severity_level of their own:
+    those ONNX Runtime's tools make (its calibrators, in every INT8 and FP8 build and in `qbench explain`) and any
+    of qbench's that leave it unset (range analysis). Their load warnings, an unused initializer removed or an output
+    declared with other sizes than it computes, were printed in ANSI colour amid qbench's lines, once per session;
+    qbench says what matters of them itself (a contradicted output declaration: qbench.modelinfo). Sessions that set
+    a level keep it (the backends' errors only)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:  # no runtime, no log to quiet: the backends name the package to install
+        return
+    ort.set_default_logger_severity(3)
+
+
 class OnnxRuntimeRunner:
     """One InferenceSession. describe() reads back what the session really uses, not what was asked."""
 
@@ -128,6 +143,7 @@ class OnnxRuntimeRunner:
         self._version = version
         self._load_note = load_note  # how the session came to differ from what was asked (OnnxRuntimeBackend.load)
         self._run_options = run_options
+        self._per_call = session_per_call_inputs(session)  # fed their rows' one value (qbench.per_call)
 
     def _live(self) -> onnxruntime.InferenceSession:
         if self._session is None:
@@ -135,7 +151,7 @@ class OnnxRuntimeRunner:
         return self._session
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return self._live().run(None, dict(feeds), self._run_options)
+        return self._live().run(None, dict(fed_per_call(feeds, self._per_call)), self._run_options)
 
     def describe(self) -> dict[str, Any]:
         session = self._live()

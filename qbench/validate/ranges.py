@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from qbench.data.feeds import take_batch
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.progress import track_rows
 from qbench.results_ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.float_support import tensor_types
@@ -350,6 +351,7 @@ def analyse_ranges(
         if threads is not None:
             options.intra_op_num_threads = threads
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        per_call = session_per_call_inputs(session)
         # two rows first: tells row-aligned tensors from others, and how many bytes a row's tensors take
         start, size = 0, batch_size if whole else min(2, batch_size)
         with track_rows(rows, "range analysis (FP32)") as advance:
@@ -359,7 +361,7 @@ def analyse_ranges(
                 masks = all_masks[:, start : start + count]
                 if whole and count < size:  # filled with repeats of its rows, which count in no scope
                     batch, masks = take_batch(batch, size), np.pad(masks, ((0, 0), (0, size - count)))
-                outputs = dict(zip(fetched, session.run(fetched, batch), strict=True))
+                outputs = dict(zip(fetched, session.run(fetched, dict(fed_per_call(batch, per_call))), strict=True))
                 accumulator.add([outputs[t] if t in outputs else batch[t] for t in tensors], masks)
                 if start == 0 and not whole:
                     size = rows_per_batch(sum(a.nbytes for a in outputs.values()) // count, batch_size, memory_budget)

@@ -35,6 +35,7 @@ from onnxruntime.quantization.quant_utils import add_pre_process_metadata
 
 from qbench.errors import QbenchError
 from qbench.onnx_read import file_over_protobuf_limit, infer_shapes, over_protobuf_limit
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.progress import track
 from qbench.techniques.calibrators import (
     CALIBRATORS,
@@ -206,8 +207,9 @@ def _compute_ranges(
                     calibrator.collector = GuardedHistogramCollector(
                         calibrate_method.name.lower(), options["symmetric"], options["num_bins"],
                         options["num_quantized_bins"], options["percentile"])  # fmt: skip
+                per_call = session_per_call_inputs(calibrator.infer_session)
                 for batch in track(batches, f"calibrating ({method})", total=len(batches)):
-                    calibrator.collect_data(_FeedReader([batch]))
+                    calibrator.collect_data(_FeedReader([dict(fed_per_call(batch, per_call))]))
                 ranges = calibrator.compute_data()
                 if histogram:
                     skipped = dict(calibrator.collector.skipped)

@@ -45,6 +45,7 @@ import onnxruntime as ort
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from qbench.files import write_fault
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import Feeds
 from qbench.variants.float_support import SHAPE_ONLY_OPS
 from qbench.variants.fp16_trials import (
@@ -161,13 +162,14 @@ def activation_magnitudes(
             logger.warning("FP16 range: activations not checked, ONNX Runtime refused the exposed model: %s", exc)
             return None
         rows = None if whole else 2  # rows per run, until the first run tells a row's bytes
+        per_call = session_per_call_inputs(session)
         for feeds in batches:
             size = len(next(iter(feeds.values())))
             start = 0
             while start < size:
                 part = {k: v[start : start + (rows or size)] for k, v in feeds.items()}
                 count = len(next(iter(part.values())))
-                outputs = session.run(order, part)
+                outputs = session.run(order, dict(fed_per_call(part, per_call)))
                 if rows is not None:
                     tensor_bytes = sum(a.nbytes for a in outputs if isinstance(a, np.ndarray))  # not sequences, maps
                     rows = rows_per_batch(tensor_bytes // count, max(size, 2), memory_budget)

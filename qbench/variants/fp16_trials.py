@@ -32,6 +32,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import Feeds
 from qbench.variants.onnx_utils import save_model
 
@@ -144,6 +145,7 @@ class TrialSession:
         with tempfile.TemporaryDirectory(prefix="qbench-fp16-trial-") as tmp:
             path = save_model(trial, Path(tmp) / "trial.onnx")
             self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.per_call = session_per_call_inputs(self.session)
         self._reference: dict[int, list[np.ndarray]] = {}
         self._cached = 0
 
@@ -154,7 +156,7 @@ class TrialSession:
         on = set(switched)
         values = self.constants | dict(constants or {})
         flags = {flag: np.array(name in on) for name, flag in self.switches.items()}
-        return self.session.run(self.outputs, {**feeds, **values, **flags})
+        return self.session.run(self.outputs, {**fed_per_call(feeds, self.per_call), **values, **flags})
 
     def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = ()) -> float:
         """The largest output change over the calibration sample (output_change), against the unaltered model."""

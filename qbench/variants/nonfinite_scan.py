@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import Feeds
 from qbench.variants.onnx_utils import save_model
 
@@ -54,12 +55,14 @@ def nonfinite_tensors(model: onnx.ModelProto, tensors: Iterable[str], batches: S
     path = save_model(scan, workdir / "nonfinite-scan.onnx")
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     wanted = {value.name for value in session.get_inputs()}
+    per_call = session_per_call_inputs(session)
     found: set[str] = set()
     for batch in batches:
         pending = [index for index, name in enumerate(names) if name not in found]
         if not pending:
             break
-        sums = session.run([f"{_PREFIX}{index}" for index in pending], {k: v for k, v in batch.items() if k in wanted})
+        fed = fed_per_call({k: v for k, v in batch.items() if k in wanted}, per_call)
+        sums = session.run([f"{_PREFIX}{index}" for index in pending], dict(fed))
         found.update(names[index] for index, total in zip(pending, sums) if not np.isfinite(total))
     return found
 

@@ -35,6 +35,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.techniques.options import AUTO_ALPHAS
 from qbench.variants.attention_heads import head_merge_source
 from qbench.variants.base import Feeds
@@ -191,9 +192,10 @@ def _collect_channel_ranges(
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    per_call = session_per_call_inputs(session)
     ranges: dict[str, ChannelRange] = {}
     for index, batch in enumerate(batches):
-        found = dict(zip(computed, session.run(computed, dict(batch)) if computed else []))
+        found = dict(zip(computed, session.run(computed, dict(fed_per_call(batch, per_call))) if computed else []))
         for name in tensors:
             values = np.asarray(found[name] if name in found else batch[name], dtype=np.float32)
             if name not in ranges:

@@ -155,8 +155,8 @@ def test_a_fixed_batch_model_is_not_shape_inferred_for_outputs_fixed_per_call(tm
     from qbench import modelinfo
 
     inferred = []
-    real = modelinfo._fixed_by_graph
-    monkeypatch.setattr(modelinfo, "_fixed_by_graph", lambda model: inferred.append(model.graph.name) or real(model))
+    real = modelinfo._computed_shapes
+    monkeypatch.setattr(modelinfo, "_computed_shapes", lambda model: inferred.append(model.graph.name) or real(model))
     for rows in (1, "batch"):
         graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]),
                                    helper.make_node("ReduceMean", ["h"], ["stat"], axes=[0], keepdims=1)], f"rows {rows}",
