@@ -35,7 +35,8 @@ from qbench.console import forgiving_standard_streams, library_output_on_console
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
-from qbench.supervisor import address_space_note
+from qbench.startup import uncollected_setup
+from qbench.supervisor import address_space_note, supervised
 
 if TYPE_CHECKING:
     from qbench.recipe import Recipe
@@ -108,7 +109,9 @@ def sweep(
         # --gate: the report files say how the command ended, whichever way (qbench.cli_gate.reported_ending), a
         # signal during the imports below included (seconds on a loaded runner, where a CI timeout's SIGTERM left none)
         with reported_ending(output) if gate and not plan else contextlib.nullcontext() as ending:
-            with held():  # a signal waits for the imports: a module cut short in its import cannot write the reports
+            # a signal waits for the imports: a module cut short in its import cannot write the reports; in the
+            # supervised command's process, they run without the garbage collector (qbench.startup)
+            with held(), uncollected_setup(own_process=supervised()):
                 if track and not plan:  # its import of MLflow overlaps this process's imports and the preparation
                     from qbench.track_process import prestart
 

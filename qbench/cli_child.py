@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from qbench.errors import QbenchError
+from qbench.startup import uncollected_setup
 from qbench.supervisor import end_child, start_child
 
 _NOT_TRACKED = {"--plan", "--help"}  # options of `sweep` under which it logs nothing
@@ -32,13 +33,14 @@ def tracks_a_sweep(args: Sequence[str]) -> bool:
 
 if __name__ == "__main__":  # pragma: no cover - run by qbench.supervisor
     start_child()
-    if tracks_a_sweep(sys.argv[1:]):
-        from qbench.track_process import prestart
+    with uncollected_setup(own_process=True):  # this process ends with the command
+        if tracks_a_sweep(sys.argv[1:]):
+            from qbench.track_process import prestart
 
-        # at the level the command's console will show (qbench.cli_app), not yet set up here; a process that cannot
-        # start is the sweep's own one-line error when it starts one itself (exit 2), not a traceback here
-        with contextlib.suppress(QbenchError):
-            prestart(logging.DEBUG if "--debug" in sys.argv[1:] else logging.INFO)
-    from qbench.cli_app import main
+            # at the level the command's console will show (qbench.cli_app), not yet set up here; a process that
+            # cannot start is the sweep's own one-line error when it starts one itself (exit 2), not a traceback here
+            with contextlib.suppress(QbenchError):
+                prestart(logging.DEBUG if "--debug" in sys.argv[1:] else logging.INFO)
+        from qbench.cli_app import main
 
     end_child(main())

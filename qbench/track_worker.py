@@ -23,6 +23,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from qbench.errors import QbenchError
+from qbench.startup import uncollected_setup
 
 if TYPE_CHECKING:
     from qbench.track import SweepTracker
@@ -106,7 +107,8 @@ class _Session:
         os.environ.clear()
         os.environ.update(environment)
         self._scope.enter_context(custom_metrics(recipe.custom_metrics()))  # as the sweep scores them
-        self.tracker = SweepTracker.open(recipe, run_name, **kwargs)
+        with uncollected_setup(own_process=True):  # the store's schema and MLflow's own imports, made as it opens
+            self.tracker = SweepTracker.open(recipe, run_name, **kwargs)
 
     def _failed(self, exc: Exception) -> None:
         assert self.tracker is not None
@@ -162,7 +164,8 @@ def main(calls_fd: int, answers_fd: int, level: int) -> int:
     logger.setLevel(level)
     logger.propagate = False
     logger.addHandler(_Forward(send))
-    import qbench.track  # noqa: F401 - MLflow's import, the cost this process takes off the sweep's path
+    with uncollected_setup(own_process=True):  # this process ends with the sweep's pipe
+        import qbench.track  # noqa: F401 - MLflow's import, the cost this process takes off the sweep's path
 
     session = _Session(send)
     while True:

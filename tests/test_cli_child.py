@@ -86,3 +86,23 @@ def test_a_logging_process_that_cannot_start_is_the_sweeps_one_line(tmp_path):
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "error: cannot start the MLflow logging process: [Errno 24] Too many open files")
+
+
+def test_the_command_lines_imports_run_uncollected_and_are_frozen_before_the_command(tmp_path):
+    """The child ends with its command: its imports (the logging process's start, then typer, rich, pydantic) run
+    without the garbage collector and what they made is frozen out of its sight before the command runs
+    (qbench.startup); the collector is on again for the command itself."""
+    probe = (
+        "import gc, runpy, sys\n"
+        "import qbench.cli_app, qbench.track_process as tp\n"
+        "tp.prestart = lambda level=None: print('prestart collects:', gc.isenabled(), flush=True)\n"
+        "qbench.cli_app.main = lambda: print('command collects:', gc.isenabled(), 'frozen:', gc.get_freeze_count() > 0,"
+        " flush=True) or 0\n"
+        "sys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
+        "runpy.run_module('qbench.cli_child', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.stdout.splitlines() == ["prestart collects: False", "command collects: True frozen: True"], done.stderr
+    assert done.returncode == 0

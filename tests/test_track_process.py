@@ -266,3 +266,29 @@ def test_the_tracking_process_runs_its_exit_handlers_as_it_ends(tmp_path: Path) 
     wait_until_gone(tmp_path)
     ended, parent = json.loads(marker.read_text())
     assert ended is True and f"MLflow run: {parent}" in done.stdout + done.stderr
+
+
+def test_the_tracking_process_opens_its_store_uncollected_then_freezes_it(tmp_path: Path) -> None:
+    """MLflow's import and the opening of its store make objects that live as long as the process: they are made
+    without the garbage collector and then frozen out of its sight (qbench.startup), which collects again after."""
+    recipe = make_fp16_project(tmp_path)
+    marker = tmp_path / "collector.json"
+    hook = tracking_process_hook(tmp_path / "hook", f"""
+        import atexit, gc, json
+        import qbench.track
+        opened = qbench.track.SweepTracker.open.__func__
+        during = []
+        def observed(cls, *args, **kwargs):
+            during.append(gc.isenabled())
+            return opened(cls, *args, **kwargs)
+        qbench.track.SweepTracker.open = classmethod(observed)
+        atexit.register(lambda: open({str(marker)!r}, "w").write(json.dumps([during, gc.isenabled(),
+                                                                             gc.get_freeze_count() > 0])))
+    """)
+    env = {"PYTHONPATH": f"{hook}:{REPO}", "PATH": "/usr/bin:/bin", "COLUMNS": "400"}
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", str(recipe)], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    wait_until_gone(tmp_path)
+    during, after, frozen = json.loads(marker.read_text())
+    assert (during, after, frozen) == ([False], True, True)
