@@ -1,10 +1,10 @@
-"""The README's recipe reference matches the recipe schema: every key its YAML examples write is a field of the
-pydantic models (`qbench.recipe.Recipe` and the sections under it), and every field of those models is named
-somewhere in the README, in a YAML example or in the prose (a backticked `section.field`, or a field name no
-other field shares), so a field added, renamed or removed in the code cannot leave the README behind; every value a field allows by
-name is named where the README writes the field, and every `qbench` command and option is named (and none that
-does not exist). Its
-layout section ("How it is built") names every module under qbench/, and only modules that exist."""
+"""The documentation (README.md and the pages under docs/, read as one: `docs_text`) matches the recipe schema: every
+key its YAML examples write is a field of the pydantic models (`qbench.recipe.Recipe` and the sections under it), and
+every field of those models is named somewhere in it, in a YAML example or in the prose (a backticked
+`section.field`, or a field name no other field shares), so a field added, renamed or removed in the code cannot leave
+the documentation behind; every value a field allows by name is named where the documentation writes the field, and
+every `qbench` command and option is named (and none that does not exist). Its layout section ("How it is built",
+on whichever page holds it) names every module under qbench/, and only modules that exist."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ import itertools
 import re
 import textwrap
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from docs_text import ROOT, documentation_files, documentation_text, located
 from pydantic import BaseModel
 
 from qbench.recipe import Recipe
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-# `backends: [{name, accelerator}]` is how the README writes the pins that the schema keeps in `backend_resources`
+# `backends: [{name, accelerator}]` is how the documentation writes the pins the schema keeps in `backend_resources`
 BACKEND_ENTRY = "backend_resources"
 
 
@@ -83,18 +82,20 @@ def _walk(model: type[BaseModel], value: Any, path: str, seen: set[str], unknown
             _walk((fits or subs)[0], entry, f"{path}{key}.", seen, unknown)
 
 
-def readme_yaml_fragments() -> list[tuple[int, Any]]:
-    """The README's YAML code blocks that are recipes or parts of one, with their line numbers: a mapping whose
-    keys are at least half recipe sections, or a list of variant entries (mappings with a `precision`)."""
-    text = README.read_text()
+def readme_yaml_fragments() -> list[tuple[str, Any]]:
+    """The documentation's YAML code blocks that are recipes or parts of one, each with its page and line
+    (`docs/ci.md:12`): a mapping whose keys are at least half recipe sections, or a list of variant entries
+    (mappings with a `precision`)."""
     fragments = []
-    for block in re.finditer(r"^( *)```yaml\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL):
-        line = text[: block.start()].count("\n") + 1
-        data = yaml.safe_load(textwrap.dedent(block.group(2)))
-        if isinstance(data, list) and data and all(isinstance(d, dict) and "precision" in d for d in data):
-            fragments.append((line, {"variants": data}))
-        elif isinstance(data, dict) and 2 * sum(str(k) in Recipe.model_fields for k in data) >= len(data):
-            fragments.append((line, data))
+    for page in documentation_files():
+        text = page.read_text()
+        for block in re.finditer(r"^( *)```yaml\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL):
+            where = located(page, text, block.start())
+            data = yaml.safe_load(textwrap.dedent(block.group(2)))
+            if isinstance(data, list) and data and all(isinstance(d, dict) and "precision" in d for d in data):
+                fragments.append((where, {"variants": data}))
+            elif isinstance(data, dict) and 2 * sum(str(k) in Recipe.model_fields for k in data) >= len(data):
+                fragments.append((where, data))
     return fragments
 
 
@@ -110,7 +111,7 @@ def _model_at(path: str) -> type[BaseModel] | None:
 
 
 def readme_inline() -> tuple[set[str], list[tuple[str, str, Any]]]:
-    """What the README's prose writes in backticks: the field-like names (`data.classes`, `fold: false` -> fold),
+    """What the documentation's prose writes in backticks: the field-like names (`data.classes`, `fold: false` -> fold),
     and the inline YAML mappings (`fallback: {until: gate, max_excluded: 8}`) with the schema path they sit under,
     where their first key is a recipe section or a field name no other field has."""
     fields = schema_fields()
@@ -118,7 +119,7 @@ def readme_inline() -> tuple[set[str], list[tuple[str, str, Any]]]:
     for path in fields:
         leaf_paths.setdefault(path.rsplit(".", 1)[-1], []).append(path)
     names, inline = set(), []
-    for code in re.findall(r"`([^`\n]+)`", README.read_text()):
+    for code in re.findall(r"`([^`\n]+)`", documentation_text()):
         found = re.match(r"\{?([A-Za-z_][\w.]*)\s*(:|$)", code.strip())
         if not found:
             continue
@@ -152,22 +153,22 @@ def test_the_readme_has_recipe_examples():
     assert len(readme_yaml_fragments()) >= 5
 
 
-@pytest.mark.parametrize("line,fragment", readme_yaml_fragments(), ids=lambda v: str(v) if isinstance(v, int) else "")
-def test_every_key_of_a_readme_recipe_example_is_a_field(line: int, fragment: Any):
+@pytest.mark.parametrize("where,fragment", readme_yaml_fragments(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_key_of_a_readme_recipe_example_is_a_field(where: str, fragment: Any):
     unknown: list[str] = []
     _walk(Recipe, fragment, "", set(), unknown)
-    assert not unknown, f"README.md line {line}: {unknown} are not recipe fields"
+    assert not unknown, f"{where}: {unknown} are not recipe fields"
 
 
 def test_the_readme_reference_recipe_passes_the_schema_as_written():
     """The recipe reference's whole recipe (the block with name, model and data) is one a user pastes: every check the
     schema makes passes on it as written (the files it names are checked when a recipe file is loaded). It once set
     `data.csv` beside its Parquet `data.path`, which the schema refuses (`csv: describes .csv/.tsv files`)."""
-    whole = [(line, f) for line, f in readme_yaml_fragments() if {"name", "model", "data"} <= set(f)]
-    assert whole, "README.md has no whole recipe in its recipe reference"
-    for line, fragment in whole:
+    whole = [(where, f) for where, f in readme_yaml_fragments() if {"name", "model", "data"} <= set(f)]
+    assert whole, "the documentation has no whole recipe in its recipe reference"
+    for where, fragment in whole:
         recipe = Recipe.model_validate(fragment)
-        assert recipe.name == fragment["name"], f"README.md line {line}"
+        assert recipe.name == fragment["name"], where
 
 
 @pytest.mark.parametrize("code,parent,fragment", readme_inline()[1], ids=lambda v: v if isinstance(v, str) else "")
@@ -176,7 +177,7 @@ def test_every_key_of_an_inline_readme_example_is_a_field(code: str, parent: str
     model = _model_at(parent)
     assert model is not None
     _walk(model, fragment, f"{parent}." if parent else "", set(), unknown)
-    assert not unknown, f"README.md `{code}`: {unknown} are not recipe fields"
+    assert not unknown, f"the documentation's `{code}`: {unknown} are not recipe fields"
 
 
 def test_every_recipe_field_is_named_in_the_readme():
@@ -193,7 +194,7 @@ def test_every_recipe_field_is_named_in_the_readme():
     for path in fields:
         leaves[path.rsplit(".", 1)[-1]] = leaves.get(path.rsplit(".", 1)[-1], 0) + 1
     missing = [path for path in fields if not _documented(path, seen, mentions, leaves)]
-    assert not missing, f"recipe fields the README never names: {missing}"
+    assert not missing, f"recipe fields the documentation never names: {missing}"
 
 
 def test_the_check_sees_an_unknown_key_and_a_missing_field():
@@ -208,15 +209,17 @@ def test_the_check_sees_an_unknown_key_and_a_missing_field():
 
 # -- the layout section ------------------------------------------------------------------------
 
-PACKAGE = README.parent / "qbench"
+PACKAGE = ROOT / "qbench"
 
 
 def layout_entries() -> dict[str, str]:
-    """The README's "How it is built" tree: each entry (`recipe.py`, `data/`) with its text, continuation lines
-    included."""
-    section = re.search(r"^## How it is built\n.*?^```\nqbench/\n(.*?)^```", README.read_text(), re.MULTILINE | re.DOTALL)
-    if section is None:
-        pytest.fail('README.md has no "How it is built" section with a qbench/ tree')
+    """The "How it is built" tree, on whichever documentation page holds that section: each entry (`recipe.py`,
+    `data/`) with its text, continuation lines included."""
+    pattern = re.compile(r"^#+ How it is built\n.*?^```\nqbench/\n(.*?)^```", re.MULTILINE | re.DOTALL)
+    sections = [found for page in documentation_files() if (found := pattern.search(page.read_text()))]
+    if len(sections) != 1:
+        pytest.fail(f'the documentation has {len(sections)} "How it is built" sections with a qbench/ tree, not one')
+    section = sections[0]
     entries: dict[str, str] = {}
     name = ""
     for line in section.group(1).splitlines():
@@ -245,10 +248,10 @@ def test_the_layout_names_every_module_and_only_modules_that_exist():
         for path in sorted(package.glob("*.py")):
             if path.stem != "__init__" and not re.search(rf"\b{path.stem}\b", entries[f"{package.name}/"]):
                 missing.append(f"{package.name}/{path.name}")
-    assert not missing, f"modules the README's layout does not name: {missing}"
+    assert not missing, f"modules the documentation's layout does not name: {missing}"
     named = set(entries) | set(re.findall(r"(?<![\w/.])(\w+\.py)\b", text))
     stale = sorted(n for n in named if not (PACKAGE / n).exists())
-    assert not stale, f"the README's layout names modules that do not exist: {stale}"
+    assert not stale, f"the documentation's layout names modules that do not exist: {stale}"
 
 
 # -- enumerated values and the command line ----------------------------------------------------
@@ -262,7 +265,7 @@ def _choices(annotation: Any) -> list[str]:
 
 
 def _spellings(value: str) -> set[str]:
-    """How the README may write a value: as is, escaped ("\\t") or as a \\u escape ("\\u00A0")."""
+    """How the documentation may write a value: as is, escaped ("\\t") or as a \\u escape ("\\u00A0")."""
     forms = {value, value.encode("unicode_escape").decode()}
     if len(value) == 1 and not value.isprintable():
         forms |= {f"\\u{ord(value):04X}", f"\\u{ord(value):04x}"}
@@ -270,7 +273,7 @@ def _spellings(value: str) -> set[str]:
 
 
 def _field_passages(path: str, lines: list[str]) -> str:
-    """The README lines that write the field (`leaf:` as a key, or its backticked dotted path), each with the
+    """The documentation lines that write the field (`leaf:` as a key, or its backticked dotted path), each with the
     YAML comment lines that continue it."""
     leaf = path.rsplit(".", 1)[-1]
     key = re.compile(rf"(?<![\w.-]){re.escape(leaf)}:|`(?:[\w.]*\.)?{re.escape(leaf)}`")
@@ -283,7 +286,7 @@ def _field_passages(path: str, lines: list[str]) -> str:
 
 
 def test_every_allowed_value_of_a_field_is_named_where_the_readme_writes_the_field():
-    lines = README.read_text().splitlines()
+    lines = documentation_text().splitlines()
     missing = []
     for path, field in schema_fields().items():
         choices = _choices(field.annotation)
@@ -292,7 +295,7 @@ def test_every_allowed_value_of_a_field_is_named_where_the_readme_writes_the_fie
         text = _field_passages(path, lines)
         missing += [f"{path}: {v!r}" for v in choices
                     if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in _spellings(v))]  # fmt: skip
-    assert not missing, f"allowed values the README never names beside their field: {missing}"
+    assert not missing, f"allowed values the documentation never names beside their field: {missing}"
 
 
 def _commands() -> dict[str, list[tuple[str, ...]]]:
@@ -317,28 +320,28 @@ def _commands() -> dict[str, list[tuple[str, ...]]]:
 
 
 def _readme_command_lines() -> list[str]:
-    """Every command line the README writes: a code block line or a backticked span that starts with `qbench`,
-    up to a comment or a pipe."""
-    text = README.read_text()
+    """Every command line the documentation writes: a code block line or a backticked span that starts with
+    `qbench`, up to a comment or a pipe."""
+    text = documentation_text()
     spans = re.findall(r"`([^`\n]+)`", text) + re.findall(r"^\$? *(qbench [^\n]*)$", text, re.MULTILINE)
     return [re.split(r"\s(?:#|\|)", s, maxsplit=1)[0] for s in spans if re.match(r"\$? *qbench \w", s)]
 
 
 def test_every_command_and_option_is_in_the_readme():
-    text = README.read_text()
+    text = documentation_text()
     missing = []
     for command, options in _commands().items():
         if f"qbench {command}" not in text:
             missing.append(f"qbench {command}")
         missing += [f"qbench {command} {'/'.join(o)}" for o in options
                     if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in o)]  # fmt: skip
-    assert not missing, f"commands and options the README never names: {missing}"
+    assert not missing, f"commands and options the documentation never names: {missing}"
 
 
 def test_every_option_the_readme_writes_after_a_command_exists():
     commands = _commands()
     lines = _readme_command_lines()
-    assert len(lines) >= 20, lines  # the check reads the README's command lines, not none
+    assert len(lines) >= 20, lines  # the check reads the documentation's command lines, not none
     wrong = []
     for line in lines:
         words = line.lstrip("$ ").split()[1:]
@@ -347,4 +350,4 @@ def test_every_option_the_readme_writes_after_a_command_exists():
             wrong.append(line)
             continue
         wrong += [f"{line}: {o}" for o in re.findall(r"(?<!\S)(--[\w-]+)", line) if o not in {*itertools.chain(*commands[name]), "--help", "--debug"}]  # fmt: skip
-    assert not wrong, f"README command lines naming a command or option that does not exist: {wrong}"
+    assert not wrong, f"documentation command lines naming a command or option that does not exist: {wrong}"

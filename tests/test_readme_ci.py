@@ -1,6 +1,8 @@
-"""The README's CI example runs as written: both snippets (GitHub Actions, GitLab CI) are read from the
-README between their markers, must run the same qbench commands, and those commands are run through
-`qbench.cli.main` on a small project; the JUnit file's counts and the job summary are then checked."""
+"""The documentation's CI example runs as written: both snippets (GitHub Actions, GitLab CI) are read from the
+documentation (README.md and docs/, `docs_text`) between their markers, must run the same qbench commands, and those
+commands are run through `qbench.cli.main` on a small project; the JUnit file's counts and the job summary are then
+checked. A snippet written on several pages (the front page's GitHub Actions job and docs/ci.md's) is the same on
+each."""
 
 from __future__ import annotations
 
@@ -8,25 +10,38 @@ import json
 import re
 import shlex
 import xml.etree.ElementTree as ET
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from docs_text import documentation_files, located
 from user_model import make_user_project
 
 from qbench.cli_app import main
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+
+def snippet_copies(name: str) -> dict[str, str]:
+    """Each YAML code block between `<!-- ci-example:NAME -->` and `<!-- /ci-example:NAME -->`, by where it is."""
+    pattern = re.compile(rf"<!-- ci-example:{name} -->\s*```yaml\n(.*?)```\s*<!-- /ci-example:{name} -->", re.DOTALL)
+    copies = {}
+    for page in documentation_files():
+        text = page.read_text()
+        copies.update({located(page, text, found.start()): found.group(1) for found in pattern.finditer(text)})
+    return copies
 
 
 def snippet(name: str) -> dict[str, Any]:
-    """The YAML code block between `<!-- ci-example:NAME -->` and `<!-- /ci-example:NAME -->`."""
-    found = re.search(rf"<!-- ci-example:{name} -->\s*```yaml\n(.*?)```\s*<!-- /ci-example:{name} -->",
-                      README.read_text(), re.DOTALL)  # fmt: skip
-    if found is None:
-        pytest.fail(f"README.md has no ci-example:{name} YAML block between its markers")
-    return yaml.safe_load(found.group(1))
+    """The snippet NAME, which every page that writes it writes alike."""
+    copies = snippet_copies(name)
+    if not copies:
+        pytest.fail(f"the documentation has no ci-example:{name} YAML block between its markers")
+    if len(set(copies.values())) > 1:
+        pytest.fail(f"the ci-example:{name} blocks differ: {sorted(copies)}")
+    return yaml.safe_load(next(iter(copies.values())))
+
+
+def test_the_front_page_and_the_ci_page_write_the_github_job():
+    assert {where.split(":")[0] for where in snippet_copies("github")} == {"README.md", "docs/ci.md"}
 
 
 def qbench_commands(shell_lines: list[str]) -> list[list[str]]:
