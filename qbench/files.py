@@ -7,7 +7,7 @@ error is a QbenchError of one line naming the file and the system's reason (`No 
 A rename alone is not durable: after a power loss the file system may hold the new name but not yet its content (an
 empty results.json or job record, which --resume and the gate would read as damaged). So the temporary file is
 synced before the rename, and on POSIX its folder after (the rename itself). That costs a few milliseconds a file
-(see README), once per job or per sweep: never call these on a per-iteration path.
+(docs/cluster.md, "Results"), once per job or per sweep: never call these on a per-iteration path.
 """
 
 from __future__ import annotations

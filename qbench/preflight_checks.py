@@ -221,8 +221,9 @@ def check_batch_memory(recipe: Recipe, feeds: Mapping[str, np.ndarray], *, avail
 def check_output_memory(recipe: Recipe, outputs: Mapping[str, np.ndarray], evaluation_rows: int, *,
                         available: int | None = None) -> None:
     """The evaluated outputs of every evaluation row fit in the memory available: a measurement holds FP32's and the
-    variant's at once, each as the model gives it (README "What qbench itself costs"), so it needs at least twice
-    their bytes (per row from the dry run's `outputs`: a language model's logits are tokens x vocabulary floats)."""
+    variant's at once, each as the model gives it (docs/internals.md, "What qbench itself costs"), so it needs at
+    least twice their bytes (per row from the dry run's `outputs`: a language model's logits are tokens x vocabulary
+    floats)."""
     rows = min((len(array) for array in outputs.values()), default=0)
     available = available_memory() if available is None else available
     if rows == 0 or available is None:

@@ -303,7 +303,8 @@ def _per_call(name: str, values: np.ndarray, size: int) -> str:
         return f"so make the model return it batch-first{hint}"
     return ("and it gives fewer values there than the rows fed: a value per call whatever the rows (a statistic of "
             "the whole batch, such as its mean score), not one per row; evaluate the per-row outputs (model.output or "
-            "model.outputs) and compute such a statistic in a metric of your own (README: Custom metrics)")
+            "model.outputs) and compute such a statistic in a metric of your own "
+            "(docs/recipe-reference.md: Custom metrics)")
 
 
 def _output_axis_hint(name: str, values: np.ndarray, size: int) -> str:

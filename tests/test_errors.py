@@ -169,7 +169,7 @@ def test_the_last_words_name_the_memory_limit_when_describing_the_error_ran_out_
     monkeypatch, capfd, error, describing, said
 ):
     """Under `ulimit -v 200 MiB` a validate ended `qbench: error: MemoryError` (or `SystemError`) alone in two runs of
-    three: describing the error needed memory too, and its fallback dropped the limit that README's line names."""
+    three: describing the error needed memory too, and its fallback dropped the limit that docs/ci.md's line names."""
     import qbench.cli_app as cli_app
 
     def fails(exc):

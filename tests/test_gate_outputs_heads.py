@@ -67,10 +67,11 @@ def _two_head_project(tmp_path: Path) -> Path:
 
 
 def test_a_head_another_metric_of_the_recipe_reads_is_noted_when_the_gated_head_passes(tmp_path):
-    """The README's way to judge a classifier and a regression head in one recipe: task structured, a metric of one's
-    own per head, gate.metric naming one. An INT8 build rounding the price head in steps of several units (its MAE
-    0.082 -> 1.06) passed on cls_acc with nothing printed about price_mae; it still passes (the user chose the gated
-    head), with a note naming price_mae, its figures and that it is not gated."""
+    """docs/recipe-reference.md's way to judge a classifier and a regression head in one recipe ("Heads of different
+    tasks"): task structured, a metric of one's own per head, gate.metric naming one. An INT8 build rounding the
+    price head in steps of several units (its MAE 0.082 -> 1.06) passed on cls_acc with nothing printed about
+    price_mae; it still passes (the user chose the gated head), with a note naming price_mae, its figures and that it
+    is not gated."""
     from qbench.cli_app import main
 
     recipe = _two_head_project(tmp_path)

@@ -59,8 +59,8 @@ def test_a_scalar_input_fed_from_a_column_is_refused_as_a_scalar_not_as_a_fixed_
     assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' is a scalar (shape []): one "
                       "value per call, where qbench feeds a column one value per row along axis 0; expected an input "
                       "with a row axis, or give 't' a default in the graph (an initializer named 't' at the value to "
-                      "judge: qbench then feeds it never and holds it constant in every variant; README: Graphs as "
-                      "tools write them)"]  # fmt: skip
+                      "judge: qbench then feeds it never and holds it constant in every variant; "
+                      "docs/recipe-reference.md: Graphs as tools write them)"]  # fmt: skip
 
 
 def test_an_input_with_a_default_fed_from_a_column_is_refused_naming_the_default_and_left_out_passes(
@@ -91,7 +91,7 @@ def test_a_fixed_length_vector_input_beside_a_dynamic_batch_is_refused_as_one_pe
                       "call, shared by the batch, where qbench feeds a column one value per row along axis 0; "
                       "expected an input with a row axis, or give 't' a default in the graph (an initializer named "
                       "'t' at the value to judge: qbench then feeds it never and holds it constant in every variant; "
-                      "README: Graphs as tools write them)"]  # fmt: skip
+                      "docs/recipe-reference.md: Graphs as tools write them)"]  # fmt: skip
     _temperature_model(tmp_path / "model.onnx", default=2.0, t_shape=(3,))
     assert _validate(tmp_path, {"x": "x"}, capsys) == (0, [])
 

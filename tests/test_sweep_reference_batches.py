@@ -180,8 +180,8 @@ def test_a_reference_that_fails_on_one_row_but_runs_a_larger_batch_names_that_ba
     assert lines[0].endswith("expected a model that runs every batch size the recipe asks for; it fails on a single "
                              "row but runs a batch of 4, so its graph fixes a batch of 4 its inputs do not declare (a "
                              "Reshape to a constant [4, ...]): export it with a dynamic batch, or with its inputs' batch "
-                             "dimension fixed to 4, which qbench runs as a fixed batch (README: A model with a fixed "
-                             "batch)")  # fmt: skip
+                             "dimension fixed to 4, which qbench runs as a fixed batch "
+                             "(docs/recipe-reference.md: A model with a fixed batch)")  # fmt: skip
     assert "no batch-size setting would help" not in lines[0]
 
 

@@ -164,8 +164,8 @@ def test_a_sqlite_store_filling_up_mid_sweep_ends_every_run_and_says_so_in_one_l
     on a full disk; updates in place still succeed). The variant whose logging failed was dropped from the runs to end
     before it was ended, so it stayed RUNNING for ever; and MLflow printed a traceback per failed database call
     beside qbench's line. Now every run is ended (the parent and that child FAILED), stderr has no traceback, the
-    results and reports are complete and the exit code is 2 (README: MLflow lacks them). The store is written by the
-    sweep's tracking process: a sitecustomize module there caps each connection's pages once the test says so."""
+    results and reports are complete and the exit code is 2 (docs/mlflow.md: MLflow lacks them). The store is written
+    by the sweep's tracking process: a sitecustomize module there caps each connection's pages once the test says so."""
     from user_model import make_user_project
 
     recipe = make_user_project(tmp_path)

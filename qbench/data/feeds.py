@@ -256,7 +256,7 @@ def _per_call_input(meta: TensorMeta, model_inputs: dict[str, TensorMeta]) -> st
     return (f"model input {meta.name!r} {what}, where qbench feeds a column one value per row along axis 0; expected "
             f"an input with a row axis, or give {meta.name!r} a default in the graph (an initializer named "
             f"{meta.name!r} at the value to judge: qbench then feeds it never and holds it constant in every variant; "
-            "README: Graphs as tools write them)")
+            "docs/recipe-reference.md: Graphs as tools write them)")
 
 
 def text_feed_notes(

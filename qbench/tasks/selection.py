@@ -157,7 +157,7 @@ def _rows_across(model: ModelInfo, meta: TensorMeta) -> str | None:
 ACROSS_ROWS = ("its values pair each row with every row of the batch (a similarity matrix, as a dual encoder's "
                "logits), so they depend on what is batched with it, where qbench reads one output row per input row: "
                "evaluate the per-row outputs it is computed from (a dual encoder's two embeddings) and compute the "
-               "matrix in a metric of your own (README: Custom metrics)")
+               "matrix in a metric of your own (docs/recipe-reference.md: Custom metrics)")
 
 
 def _rows_fixed(model: ModelInfo, meta: TensorMeta) -> str | None:
@@ -174,7 +174,8 @@ def _rows_fixed(model: ModelInfo, meta: TensorMeta) -> str | None:
     return (f"output {meta.name!r} of shape {meta.shape_text()} is fixed where input {rows!r} takes its rows "
             f"on {axis}: it gives {meta.shape[0]} on axis 0 per call whatever the rows (a statistic "
             "of the whole batch, such as its mean score), not one row per input row; evaluate the per-row outputs "
-            "and compute such a statistic in a metric of your own (README: Custom metrics)")  # fmt: skip
+            "and compute such a statistic in a metric of your own "
+            "(docs/recipe-reference.md: Custom metrics)")  # fmt: skip
 
 
 def _classes_by_length(task: Task, model: ModelInfo, meta: TensorMeta) -> str | None:

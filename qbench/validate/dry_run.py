@@ -48,7 +48,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
         raise RecipeError(prepared.recipe.source, "metrics" if index is None else f"metrics[{index}].function",
                           f"{measured.metric_error} on FP32's outputs ({count} evaluation rows"
                           f"{f' repeated to one batch of {size}' if size > count else ''}); expected a function that "
-                          "returns a number for the outputs and labels it is given (README: Custom metrics)")
+                          "returns a number for the outputs and labels it is given "
+                          "(docs/recipe-reference.md: Custom metrics)")
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
@@ -85,7 +86,7 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
             return (f"{general}; it fails on a single row but runs a batch of {fixed}, so its graph fixes a batch of "
                     f"{fixed} its inputs do not declare (a Reshape to a constant [{fixed}, ...]): export it with a "
                     f"dynamic batch, or with its inputs' batch dimension fixed to {fixed}, which qbench runs as a fixed "
-                    "batch (README: A model with a fixed batch)")
+                    "batch (docs/recipe-reference.md: A model with a fixed batch)")
         return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
                 "help; the runtime's reason names the node it stops at")
     if size > 1 and not runs(2):

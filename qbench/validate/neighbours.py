@@ -4,8 +4,9 @@ O(rows² x features) by definition (every row is compared with every row), so it
 the similarities are computed a block of rows at a time, each block at most SIMILARITY_BLOCK_ELEMENTS similarities
 (a fixed amount of memory at any row count, where a fixed 512 rows a block grew with the rows: 512 x a million
 float64 similarities is 4 GB, a few of them at once); FP32 compared with itself computes them once. Time still
-grows with rows²: README's "What qbench itself costs" gives figures. Past a bound, `query_sample` picks the rows
-whose neighbours are searched (each still among all rows), so time grows with queries x rows: linear in the rows.
+grows with rows²: "What qbench itself costs" in docs/internals.md gives figures. Past a bound, `query_sample` picks
+the rows whose neighbours are searched (each still among all rows), so time grows with queries x rows: linear in the
+rows.
 """
 
 from __future__ import annotations

@@ -208,7 +208,7 @@ def _near_tie_mlp(path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
 
 def test_scored_outputs_do_not_depend_on_the_thread_count(tmp_path: Path) -> None:
     """A sweep scores a variant in the session it times, with latency.threads: the figures it reports as repeatable
-    (README, "What is repeatable") must be the same bits whatever that count, across sessions and runs."""
+    (docs/demo.md, "What is repeatable") must be the same bits whatever that count, across sessions and runs."""
     path, w1, w2 = _near_tie_mlp(tmp_path / "near_tie.onnx")
     x = np.random.default_rng(2).standard_normal((300, 2048)).astype(np.float32)
     in_float64 = np.maximum(x.astype(np.float64) @ w1, 0) @ w2

@@ -161,8 +161,8 @@ def test_two_rows_naming_one_image_or_its_copy_are_one_input(tmp_path):
 
 
 def test_exif_orientation_alpha_and_frames_are_read_as_torchvisions_loader_reads_them(tmp_path):
-    """README's rule: the stored pixels of `Image.open(f).convert(mode)`: a JPEG tagged "rotate 90°" fed sideways, an
-    RGBA PNG's colours without its alpha, an animated GIF's first frame."""
+    """docs/images.md's rule: the stored pixels of `Image.open(f).convert(mode)`: a JPEG tagged "rotate 90°" fed
+    sideways, an RGBA PNG's colours without its alpha, an animated GIF's first frame."""
     rng = np.random.default_rng(4)
     (tmp_path / "images").mkdir()
     exif = Image.Exif()

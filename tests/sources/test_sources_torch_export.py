@@ -506,7 +506,7 @@ def test_the_export_checks_share_one_copy_of_a_module_whose_calls_change_none_of
 
 
 def test_a_module_returned_in_train_mode_is_exported_in_eval_mode(tmp_path: Path) -> None:
-    """The README's word: Dropout passes its input through and BatchNorm reads its running statistics."""
+    """docs/pytorch.md's word: Dropout passes its input through and BatchNorm reads its running statistics."""
     recipe = _project(tmp_path, "build_in_train_mode")
     path = resolve_model(load_recipe(recipe)).onnx_path
     assert "Dropout" not in {node.op_type for node in onnx.load(str(path)).graph.node}

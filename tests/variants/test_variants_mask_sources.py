@@ -105,7 +105,8 @@ def _softmax_and_its_mask(model: onnx.ModelProto) -> set[str]:
 EXPORTS = {"folded": {"fold": True}, "unfolded": {"fold": False}, "static shapes": {"fold": True, "dynamic": False}}
 
 
-# not ("triu", "static shapes"): a float mask folded into a constant is not matched (README, keep_float)
+# not ("triu", "static shapes"): a float mask folded into a constant is not matched
+# (docs/recipe-reference.md, keep_float)
 CASES = [(style, export) for style in ("where", "masked_fill", "range", "triu", "float_input") for export in EXPORTS
          if (style, export) != ("triu", "static shapes")]  # fmt: skip
 
