@@ -5,8 +5,10 @@
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few screening rows (every
    slice represented), timed quickly at the recipe's batch sizes: its gate excess there and speed-up over FP32.
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
-   within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
-   candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
+   within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first, one whose screen only
+   came near the gate after those clearing it at a similar speed (select.evaluation_order); once one passes, only
+   candidates that could still be faster are evaluated. One whose screening rows already make failing on every row
+   certain (qbench.search.certain) is not evaluated. Then the reduce_range twins of the bases that did not pass.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
    ranked by the noise each causes at the outputs on the screening rows (qbench.search.ranking) and the fastest such
    failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
@@ -39,7 +41,7 @@ from pathlib import Path
 from qbench.backends import Backend
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import judge, too_small
+from qbench.gate import GateReport, judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import Tolerances, reference_tolerances, tolerances_by_metric
@@ -50,6 +52,7 @@ from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
+from qbench.search.certain import certain_failure
 from qbench.search.keep_float import KeepFloatStage
 from qbench.search.outcome import kept_pick, method_note
 from qbench.search.retime import retime_rounds
@@ -186,15 +189,25 @@ class _Search(KeepFloatStage):
             p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
+        certain = self._certain_failure(verdict, measured)
+        said = "promising" if promise <= select.SCREEN_SLACK else "not promising"
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
             speedups=select.per_batch(fp32_p50, p50),
             screen_metric=overall_metric(measured.result, self.gate.metric), screen_drop=overall_drop(verdict),
-            screen_excess=promise,
-            verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
+            screen_excess=promise, failure_certain=certain,
+            verdict=one_line(f"screened: not evaluated, {certain}", VERDICT_CHARS) if certain else f"screened: {said}",
         )  # fmt: skip
         logger.info(progress_line(self.records[index], self.gate.metric, screened_rows=self.screen.count))
         return index
+
+    def _certain_failure(self, verdict: GateReport, screened: Measured) -> str | None:
+        """Why the screen makes failing on every row certain (search.certain), where its outputs are those the full
+        evaluation would take (its rows did not depend on their batch); None otherwise."""
+        fp32_screened, fp32, accuracy = self.fp32_screen.result.accuracy, self.fp32.result.accuracy, screened.result.accuracy
+        if not screened.rows_independent or accuracy is None or fp32_screened is None or fp32 is None:
+            return None
+        return certain_failure(verdict.checks, accuracy, fp32_screened, fp32)
 
     def _fp32_p50_now(self) -> dict[int, float]:
         """FP32 timed again right after a candidate, so that each speed-up pairs timings taken under the same machine
@@ -257,8 +270,8 @@ class _Search(KeepFloatStage):
     # -- the stages -------------------------------------------------------------------------------
 
     def evaluate_promising(self) -> None:
-        """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
-        for index in select.evaluation_order(self.records):
+        """Full evaluation of the promising screened candidates in select.evaluation_order, while they may still win."""
+        for index in select.evaluation_order(self.records, tie=self.tie()):
             if not self.may_win(self.records[index]):
                 self.records[index] = self.records[index].with_(verdict=OUTPACED)
                 continue
@@ -354,6 +367,7 @@ class _Search(KeepFloatStage):
                 verdict = closest if chosen is None else "chosen" + (" (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
         slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
+        tied = select.tie_note(self.records, chosen) if chosen is not None else None
         if slower:
             logger.warning(f"INT8 search: {slower}")
         report = SearchReport(
@@ -362,7 +376,8 @@ class _Search(KeepFloatStage):
             seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget.exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *([slower] if slower else []),
+            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *([tied] if tied else []),
+                   *([slower] if slower else []),
                    *self.budget.overrun_note()),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,
