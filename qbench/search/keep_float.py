@@ -76,8 +76,8 @@ class KeepFloatStage:
                 if not self.may_win(record):
                     self.records[index] = record.with_(verdict="not evaluated: slower than a passing candidate")
                     break  # more float nodes only make it slower
-                if record.failure_certain is None and record.screen_excess is not None and \
-                        record.screen_excess <= select.SCREEN_SLACK:
+                promising = record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK
+                if promising and record.failure_certain is None:
                     self.evaluate(index)
                     if self.records[index].firm_pass:
                         break
