@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def _schema_and_version(database: Path) -> tuple[list[tuple[str, str, list[str]]
     return [(kind, name, sorted((sql or "").replace(", \n", "\n").splitlines())) for kind, name, sql in rows], version
 
 
+@pytest.mark.skipif(os.name != "posix", reason="the tests' template store is made on POSIX only")
 def test_the_tests_template_store_is_the_store_mlflow_migrates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tests fill each new sqlite store from a template made once per session (tests/conftest.py): a store so
     filled holds the tables, indexes and schema version MLflow's own migrations give a new store, and its first

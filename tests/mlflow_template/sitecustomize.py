@@ -1,8 +1,8 @@
 """A new sqlite MLflow store filled from a template, in the tests' processes: the schema without the migrations.
 
 MLflow makes a new sqlite store by running every migration of its schema (`_initialize_tables`: alembic, a commit and
-an fsync each), about a second of CPU and several of wall time; the tests make a new store in hundreds of places, most
-of them in processes of their own (`qbench` commands, the sweep's tracking process). Here the first store is made so
+an fsync each), about a second of CPU and several of wall time; each tracked sweep of the tests makes a new store, most
+in processes of their own (`qbench` commands, the sweep's tracking process). Here the first store is made so
 once per test session, as the template, and each later new store is given the template's schema and rows in one
 transaction: the same tables, indexes, schema version and rows (no experiment: MLflow adds its default one itself).
 
@@ -32,8 +32,9 @@ _template_statements: list[str] = []
 
 
 def install() -> None:
-    """Fill new sqlite stores from the template named by TEMPLATE_VARIABLE, in this process (no-op without it)."""
-    if not os.environ.get(TEMPLATE_VARIABLE):
+    """Fill new sqlite stores from the template named by TEMPLATE_VARIABLE, in this process (no-op without it, and
+    where no file lock serialises the template's making: not POSIX)."""
+    if not os.environ.get(TEMPLATE_VARIABLE) or os.name != "posix":
         return
     module = sys.modules.get(DATABASE_MODULE)
     if module is not None:
