@@ -24,6 +24,9 @@
       nsr                                         output noise-to-signal vs FP32 on the screening rows
       metric, drop, worst_slice, worst_slice_drop, excess   the full evaluation on the selection rows (None when
                                                   not evaluated)
+      failure_certain                             why the screening rows alone make failing on every row certain
+                                                  (search.certain: even perfect other rows cannot reach a check's
+                                                  threshold), so it was not evaluated; None otherwise
       passed, verdict                             the gate's verdict there; a one-line verdict (the searched variant's
                                                   own verdict is the gate's, on the evaluation rows)
       unresolved                                  a pass on too few selection rows to resolve the tolerance
@@ -67,6 +70,7 @@ class CandidateRecord(JudgedPass):
     worst_slice: str | None = None
     worst_slice_drop: float | None = None
     excess: float | None = None
+    failure_certain: str | None = None
     passed: bool | None = None
     unresolved: str | None = None
     unresolved_on_spread: bool = False

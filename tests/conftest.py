@@ -7,16 +7,23 @@ with its own sqlite store and artifact folder; yields its http URI. It runs as a
 tree of processes whose workers outlive a SIGTERM to the parent, so it is
 started in its own process group and the whole group is stopped; teardown fails
 if any process of that group is still alive.
+
+mlflow_store_template (autouse): new sqlite MLflow stores, in this process and those the tests start, are filled from
+one made once per session (mlflow_template/sitecustomize.py).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from server_processes import start_mlflow_server, stop_process_group
+
+MLFLOW_TEMPLATE_SITE = Path(__file__).parent / "mlflow_template"
 
 
 @pytest.fixture(scope="session")
@@ -80,3 +87,19 @@ def isolated_qbench_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("QBENCH_CACHE_DIR", str(cache))
         yield cache
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The file of the session's template store (made when a test first makes a sqlite store); its folder heads
+    PYTHONPATH, so that the processes the tests start fill their new stores from it too."""
+    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    spec = importlib.util.spec_from_file_location("mlflow_template_site", MLFLOW_TEMPLATE_SITE / "sitecustomize.py")
+    assert spec is not None and spec.loader is not None
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(site.TEMPLATE_VARIABLE, str(template))
+        patch.setenv("PYTHONPATH", os.pathsep.join([str(MLFLOW_TEMPLATE_SITE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        site.install()
+        yield template

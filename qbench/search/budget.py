@@ -57,6 +57,7 @@ class Budget:
     seeds: dict[str, float] = field(default_factory=dict)  # a kind's prediction until one is measured
     steps: list[Step] = field(default_factory=list)  # in the order they started
     exhausted: bool = False  # some step was not started for want of time
+    refused: set[str] = field(default_factory=set)  # steps a warning said were skipped (each is said once)
 
     def __post_init__(self) -> None:
         self.started = self.now()
@@ -127,8 +128,10 @@ class Budget:
         failed to build left every other 'not tried' and the search without a variant)."""
         forced = forced or select.closest(records) is None
         why = self.start(what, predicted, self.reserve(records, evaluating), forced=forced)
-        if why is not None:
-            logger.warning(f"  time budget of {self.seconds:g} s: {what} skipped, {why}")
+        if why is not None:  # a later stage asks again for the same step (each evaluation pass): said once
+            level = logging.DEBUG if what in self.refused else logging.WARNING
+            logger.log(level, f"  time budget of {self.seconds:g} s: {what} skipped, {why}")
+            self.refused.add(what)
         return why
 
     def start_retiming(self, finalists: int) -> None:

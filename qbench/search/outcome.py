@@ -27,7 +27,10 @@ def method_note(*, screened: int, rows: int, on_selection: bool, timing_runs: in
     return (f"screening on {screened} of {rows} {kind} rows; speed-ups "
             f"from {timing_runs} timed runs per batch size, each candidate against FP32 timed right after it "
             f"(FP32's own timings put the noise of an estimate at {noise:.0%}, so candidates screened within "
-            f"{tie:.0%} of a faster passing one were still evaluated; {retimed})")  # fmt: skip
+            f"{tie:.0%} of a faster passing one were still evaluated; {retimed}); full evaluations went fastest first, "
+            f"a screen only near the gate after those clearing it within {tie:.0%} of its speed; passing candidates "
+            f"within {select.TIE:.0%} of the fastest are a tie, won by the larger accuracy margin (the smaller largest "
+            "drop / tolerance), then fewer float nodes, then the one tried first")  # fmt: skip
 
 
 def kept_pick(built: BuiltVariant, record: CandidateRecord, *, name: str, root: Path, passed: bool, on_selection: bool,

@@ -5,8 +5,10 @@
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few screening rows (every
    slice represented), timed quickly at the recipe's batch sizes: its gate excess there and speed-up over FP32.
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
-   within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first; once one passes, only
-   candidates that could still be faster are evaluated. Then the reduce_range twins of the bases that did not pass.
+   within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first, one whose screen only
+   came near the gate after those clearing it at a similar speed (select.evaluation_order); once one passes, only
+   candidates that could still be faster are evaluated. One whose screening rows already make failing on every row
+   certain (qbench.search.certain) is not evaluated. Then the reduce_range twins of the bases that did not pass.
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
    ranked by the noise each causes at the outputs on the screening rows (qbench.search.ranking) and the fastest such
    failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
@@ -37,10 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qbench.backends import Backend
-from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import judge, too_small
+from qbench.gate import GateReport, judge, too_small
 from qbench.gate_report import failure_reasons
 from qbench.gate_resolution import unresolved_pick, unresolved_reasons
 from qbench.gate_tolerance import Tolerances, reference_tolerances, tolerances_by_metric
@@ -49,10 +50,11 @@ from qbench.recipe import LatencySpec
 from qbench.recipe_search import SearchSpec
 from qbench.results_search import CandidateRecord, SearchReport
 from qbench.search import select
-from qbench.search.budget import EVALUATE, RANKING, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
+from qbench.search.certain import certain_failure
+from qbench.search.keep_float import KeepFloatStage
 from qbench.search.outcome import kept_pick, method_note
-from qbench.search.ranking import quantized_names, ranked_nodes
 from qbench.search.retime import retime_rounds
 from qbench.search.screen import (
     ScreenOutputs,
@@ -86,7 +88,7 @@ class SearchOutcome:
     report: SearchReport
 
 
-class _Search:
+class _Search(KeepFloatStage):
     def __init__(self, prepared: Prepared, backend: Backend, fp32: Measured, spec: SearchSpec, workdir: Path,
                  clock: PhaseClock | None, now: Callable[[], float]) -> None:  # fmt: skip
         self.prepared, self.backend, self.fp32, self.spec, self.clock, self.now = prepared, backend, fp32, spec, clock, now
@@ -187,15 +189,25 @@ class _Search:
             p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
+        certain = self._certain_failure(verdict, measured)
+        said = "promising" if promise <= select.SCREEN_SLACK else "not promising"
         self.records[index] = record.with_(
             stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
             speedups=select.per_batch(fp32_p50, p50),
             screen_metric=overall_metric(measured.result, self.gate.metric), screen_drop=overall_drop(verdict),
-            screen_excess=promise,
-            verdict="screened: " + ("promising" if promise <= select.SCREEN_SLACK else "not promising"),
+            screen_excess=promise, failure_certain=certain,
+            verdict=one_line(f"screened: not evaluated, {certain}", VERDICT_CHARS) if certain else f"screened: {said}",
         )  # fmt: skip
         logger.info(progress_line(self.records[index], self.gate.metric, screened_rows=self.screen.count))
         return index
+
+    def _certain_failure(self, verdict: GateReport, screened: Measured) -> str | None:
+        """Why the screen makes failing on every row certain (search.certain), where its outputs are those the full
+        evaluation would take (its rows did not depend on their batch); None otherwise."""
+        fp32_screened, fp32, accuracy = self.fp32_screen.result.accuracy, self.fp32.result.accuracy, screened.result.accuracy
+        if not screened.rows_independent or accuracy is None or fp32_screened is None or fp32 is None:
+            return None
+        return certain_failure(verdict.checks, accuracy, fp32_screened, fp32)
 
     def _fp32_p50_now(self) -> dict[int, float]:
         """FP32 timed again right after a candidate, so that each speed-up pairs timings taken under the same machine
@@ -258,8 +270,8 @@ class _Search:
     # -- the stages -------------------------------------------------------------------------------
 
     def evaluate_promising(self) -> None:
-        """Full evaluation of the promising screened candidates, fastest first, while they may still win."""
-        for index in select.evaluation_order(self.records):
+        """Full evaluation of the promising screened candidates in select.evaluation_order, while they may still win."""
+        for index in select.evaluation_order(self.records, tie=self.tie()):
             if not self.may_win(self.records[index]):
                 self.records[index] = self.records[index].with_(verdict=OUTPACED)
                 continue
@@ -283,87 +295,6 @@ class _Search:
             if self.may_win(self.records[base]):
                 self.screen_candidate(self.candidates[base].reduced_range())
         self.evaluate_promising()
-
-    def keep_float(self) -> None:
-        """Failing candidates faster than any passing one rebuilt with the noisiest nodes in floating point, 1, 2,
-        4, ... of them: every such candidate, fastest first, within the time budget. Only the two fastest were, and
-        which two followed timing noise: of three sweeps of one recipe, one rebuilt a candidate that then passed, the
-        other two rebuilt two others and reported the gate unreachable."""
-        bases = select.keep_float_bases(self.records, self.tie())
-        ranking = self.budget.cost(RANKING) or self.budget.cost(SCREEN)  # two models run on the screening rows
-        predicted = ranking + (0.0 if self._static_build() else self.budget.build_cost("ort-static"))
-        if not bases or self.spec.max_keep_float == 0 or self.refusal("keep-float candidates", predicted) is not None:
-            return
-        ranking, covered = self.sensitivity_ranking()
-        for base in bases:
-            if not self.may_win(self.records[base]):
-                continue  # a keep-float candidate of a faster base passed since
-            own, quantized = self.base_ranking(base, ranking, covered)
-            most = min(self.spec.max_keep_float, len(own), quantized - 1)  # all of them float: the FP32 model
-            if most < 1:
-                logger.info(f"  {self.records[base].label}: none of the ranked nodes can be kept float there (it "
-                            f"quantizes {quantized}); no keep-float candidate")  # fmt: skip
-                continue
-            for size in sorted({min(2**k, most) for k in range(16)}):
-                index = self.screen_candidate(self.candidates[base].keeping(own[:size]))
-                record = self.records[index]
-                if record.stage == "skipped":  # the budget is spent, or another base's rungs may be cheaper
-                    if self.budget.spent():
-                        return
-                    break
-                if record.stage != "screened":
-                    break  # this base cannot be rebuilt that way; the next base may
-                if not self.may_win(record):
-                    self.records[index] = record.with_(verdict="not evaluated: slower than a passing candidate")
-                    break  # more float nodes only make it slower
-                if record.screen_excess is not None and record.screen_excess <= select.SCREEN_SLACK:
-                    self.evaluate(index)
-                    if self.records[index].firm_pass:
-                        break
-            else:  # every rung failed: more float nodes were what was left, if max_keep_float was the cap
-                self.keep_float_exhausted |= most == self.spec.max_keep_float
-
-    def base_ranking(self, base: int, ranking: list[str], covered: set[str]) -> tuple[list[str], int]:
-        """The ranking restricted to the nodes `base` quantized (keeping float a node it left float anyway would
-        rebuild the same graph: a dynamic candidate quantizes MatMul/Gemm only; the ranking comes from a static build),
-        and how many nodes `base` quantized. A base quantizing nodes the ranked build did not (beyond `covered`: an
-        LSTM model's ORT dynamic candidate, which could keep only its Gemm float) is ranked on its own build."""
-        own = quantized_names(self.ctx.reference_path, self.built[base])
-        ranked = [name for name in ranking if name in own]
-        what = "ranking a keep-float base on its own build"
-        if own - covered and self.refusal(what, self.budget.cost(RANKING)) is None:
-            ranked = self._ranked(self.built[base], f"ranking-{base}") or ranked
-        return ranked, len(own)
-
-    def sensitivity_ranking(self) -> tuple[list[str], set[str]]:
-        """Quantized nodes, the noisiest first (of a static Q/DQ build on the screening rows: search.ranking), and the
-        nodes that build quantized (none where it could not be ranked)."""
-        static = self._static_build()
-        if static is None:
-            try:
-                ctx = dataclasses.replace(self.ctx, workdir=self.root / "ranking")
-                with self.budget.timing(build_kind("ort-static")):
-                    static = build_variant(Candidate("ort-static").spec(f"{self.spec.name}-ranking"), ctx)
-            except Exception as exc:  # noqa: BLE001 - without a ranking there are no keep-float candidates
-                if write_fault(exc):
-                    raise
-                logger.warning(f"  no sensitivity ranking: {describe_error(exc)}")
-                return [], set()
-        ranked = self._ranked(static, "ranking-work")
-        return ranked, quantized_names(self.ctx.reference_path, static) if ranked else set()
-
-    def _static_build(self) -> BuiltVariant | None:  # an ort-static candidate built without float nodes
-        return next((self.built[i] for i, c in enumerate(self.candidates) if i in self.built
-                     and c.technique == "ort-static" and not c.keep_float), None)  # fmt: skip
-
-    def _ranked(self, built: BuiltVariant, work: str) -> list[str]:
-        """The nodes `built` quantized, the noisiest first on the screening rows ([] where that cannot be measured)."""
-        with self.budget.timing(RANKING):
-            ranking = ranked_nodes(self.ctx.reference_path, built, self.screen.feeds, self.backend,
-                                   RunOptions(threads=self.prepared.recipe.latency.threads), self.root / work,
-                                   self.prepared.batch, self.budget.left())  # fmt: skip
-        self.ranking_notes += [ranking.note] if ranking.note else []
-        return ranking.names
 
     def judge_the_closest(self) -> None:
         """When nothing passed, the candidate kept is the closest, and what the report says it lacks must come from
@@ -436,6 +367,7 @@ class _Search:
                 verdict = closest if chosen is None else "chosen" + (" (pass unresolved)" if thin else "")
                 self.records[index] = record.with_(verdict=verdict)
         slower = select.slower_than_reference(self.records[chosen], self.tie()) if chosen is not None else None
+        tied = select.tie_note(self.records, chosen) if chosen is not None else None
         if slower:
             logger.warning(f"INT8 search: {slower}")
         report = SearchReport(
@@ -444,7 +376,8 @@ class _Search:
             seconds=round(seconds, 3), outcome=select.outcome(chosen, pick, thin),
             candidates=tuple(self.records), chosen=chosen, closest=pick if chosen is None else None, needed=needed,
             budget_exhausted=self.budget.exhausted, fp32_p50_ms={f"b{b}": p for b, p in self.fp32_p50.items()},
-            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *([slower] if slower else []),
+            notes=(self.chosen_on, self._method_note(), *self.ranking_notes, *notes, *([tied] if tied else []),
+                   *([slower] if slower else []),
                    *self.budget.overrun_note()),
             selection_rows=self.rows.count if self.prepared.selection is not None else None,
             tolerance_basis=self.tolerances.basis,

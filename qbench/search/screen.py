@@ -59,14 +59,15 @@ def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResu
         # a gated metric's check (gate.metrics) by its own kind of drop; any other check as gate.metric's
         metric = c.metric if c.metric in verdict.gated_metrics else verdict.metric
         share = (info := METRICS.get(metric)) is not None and info.share_of_rows
-        scope, whole = (_scope(accuracy, c.scope) for accuracy in (result.accuracy, full))
+        scope, whole = (scope_of(accuracy, c.scope) for accuracy in (result.accuracy, full))
         sampled = share and scope is not None and whole is not None and scope.size < whole.size
         count = scope.denominators.get(metric, scope.size) if sampled and scope is not None else 0
         checks.append((select.beyond_one_unit(c.drop, count), c.tolerance))
     return select.excess(checks)
 
 
-def _scope(accuracy: AccuracyResult | None, name: str) -> SliceMetrics | None:
+def scope_of(accuracy: AccuracyResult | None, name: str) -> SliceMetrics | None:
+    """The figures of scope `name` ('overall' or a slice's) in `accuracy` (None: none there)."""
     if accuracy is None:
         return None
     return accuracy.overall if name == "overall" else accuracy.slice(name)

@@ -5,7 +5,8 @@
 - `beyond_one_unit`: a screening drop less the one row (or scored item) a share-of-rows metric can move by on
   the few screening rows: the screen cannot tell one row's change from a drop the full evaluation would pass.
 - `speedup`: FP32 p50 / candidate p50, geometric mean over the timed batch sizes.
-- `evaluation_order`: which screened candidates deserve a full evaluation, fastest first.
+- `evaluation_order`: which screened candidates deserve a full evaluation, fastest first, a screen that only came
+  near the gate after those that cleared it at a similar speed.
 - `may_win`: whether a candidate can still beat the fastest passing one (timings within
   `TIE` of each other are treated as equal: the machine is noisy).
 - `timing_noise`: how far a speed-up estimate may be off, from one model's repeated timings over the
@@ -16,6 +17,7 @@
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take; `nearness`: the
   excess a candidate is judged by (its full evaluation's, else its screening's).
+- `tie_note`: why the pick was kept over a passing candidate timed a shade faster (the tie rule), in words.
 - `slower_than_reference`: the chosen candidate does not beat FP32 beyond the timing noise, at every batch size or
   at some (INT8 may not pay off on a backend).
 - `why_none`: why a search kept no candidate at all, in words.
@@ -80,11 +82,23 @@ def _speed(record: CandidateRecord) -> float:
     return record.speedup if record.speedup is not None and math.isfinite(record.speedup) else -math.inf
 
 
-def evaluation_order(records: Sequence[CandidateRecord], slack: float = SCREEN_SLACK) -> list[int]:
-    """Indices of screened, not yet evaluated candidates within `slack` of the gate, fastest first."""
-    screened = [i for i, r in enumerate(records)
-                if r.stage == "screened" and r.screen_excess is not None and r.screen_excess <= slack]  # fmt: skip
-    return sorted(screened, key=lambda i: (-_speed(records[i]), records[i].screen_excess))
+def evaluation_order(records: Sequence[CandidateRecord], slack: float = SCREEN_SLACK, tie: float = TIE) -> list[int]:
+    """Indices of screened, not yet evaluated candidates within `slack` of the gate and not certain to fail, in the
+    order the budget should go to them: fastest first, except that a candidate whose screen only came near the gate
+    (excess over 1, within the slack) goes after those whose screen cleared it at a speed within `tie` of its own
+    (or faster). The first to pass bars every slower one (`may_win`), so the budget must reach the likeliest answer
+    first: a risky candidate screened a shade faster was evaluated first, failed, and left a passing one screened
+    within the tie of it unevaluated for want of time."""
+    left = sorted((i for i, r in enumerate(records) if r.stage == "screened" and r.failure_certain is None
+                   and r.screen_excess is not None and r.screen_excess <= slack),
+                  key=lambda i: (-_speed(records[i]), records[i].screen_excess))  # fmt: skip
+    order = []
+    while left:
+        similar = [i for i in left if may_win(records[i], records[left[0]], tie)]  # within the tie of the fastest
+        cleared = [i for i in similar if records[i].screen_excess <= 1.0]
+        order.append((cleared or similar)[0])
+        left.remove(order[-1])
+    return order
 
 
 def may_win(candidate: CandidateRecord, best: CandidateRecord | None, tie: float = TIE) -> bool:
@@ -135,6 +149,25 @@ def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:
     tied = [i for i in among if _speed(records[i]) >= bar]
     return min(tied, key=lambda i: (records[i].excess if records[i].excess is not None else math.inf,
                                     len(records[i].keep_float), i))  # fmt: skip
+
+
+def tie_note(records: Sequence[CandidateRecord], chosen: int, tie: float = TIE) -> str | None:
+    """Why `chosen` (by `choose`) was kept over a passing candidate timed faster, in words; None when it is the fastest."""
+    among = passing(records)
+    faster = max(among, key=lambda i: _speed(records[i]), default=chosen)
+    if faster == chosen or _speed(records[faster]) <= _speed(records[chosen]):
+        return None
+    pick, other = records[chosen], records[faster]
+    if pick.excess != other.excess:
+        why = f"the larger accuracy margin (largest drop / tolerance {_figure(pick.excess)} against {_figure(other.excess)})"
+    else:
+        why = "fewer float nodes" if len(pick.keep_float) < len(other.keep_float) else "the one tried first"
+    return (f"{pick.label} ({_speed(pick):.2f}×) was chosen over {other.label} ({_speed(other):.2f}×): within the "
+            f"{tie:.0%} tie, where timings do not say which is faster, the pick goes to {why}")
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:.2f}" if value is not None else "n/a"
 
 
 def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | None:

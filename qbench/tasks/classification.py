@@ -223,9 +223,9 @@ class Classification(Task):
     name = "classification"
     metric_infos = (
         share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
-                      decisions="agreement"),
+                      decisions="agreement", row_mean=True),
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
-        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32"),
+        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32", row_mean=True),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )

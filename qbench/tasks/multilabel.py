@@ -81,7 +81,8 @@ class Multilabel(Task):
         MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)", low=0.0, high=1.0),
         MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's", low=0.0, high=1.0,
                    counts_nonfinite_rows=True),
-        share_of_rows("row_agreement", True, "fraction of rows whose every label decision equals FP32's"),
+        share_of_rows("row_agreement", True, "fraction of rows whose every label decision equals FP32's",
+                      row_mean=True),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )
     default_gate_metric = "micro_f1"

@@ -160,10 +160,10 @@ class Span(Task):
     together = ("start scores", "end scores")
     metric_infos = (
         share_of_rows("exact_match", True, "fraction of rows whose answer span is the labelled one (without labels: FP32's)",
-                      decisions="span_agreement"),
+                      decisions="span_agreement", row_mean=True),
         MetricInfo("f1", True, "mean token-overlap F1 of the answer span with the labelled one (without labels: FP32's)",
                    low=0.0, high=1.0),
-        share_of_rows("span_agreement", True, "fraction of rows whose answer span is FP32's"),
+        share_of_rows("span_agreement", True, "fraction of rows whose answer span is FP32's", row_mean=True),
         MetricInfo("span_f1", True, "mean token-overlap F1 of the answer span with FP32's", low=0.0, high=1.0),
         MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
     )

@@ -39,13 +39,20 @@ class MetricInfo:
     # decision is FP32's. A change right -> wrong can offset one wrong -> right, so a drop of 0 may hide many
     # changes; the gate bounds the drop's noise by how many units changed (qbench.gate_resolution)
     decisions: str = ""
+    # the mean over its scope's rows (or its `denominators` units) of a figure each has within [low, high] whatever
+    # the other rows hold (rows FP32 gives NaN/inf left out, unless `counts_nonfinite_rows`): some of a scope's rows
+    # then bound its figure on all of them (qbench.search.certain). Not a share judged against the rows' own spread
+    # (regression's agreement) or their neighbours (nn_agreement): a row's figure there moves with the others
+    row_mean: bool = False
 
 
-def share_of_rows(name: str, higher_is_better: bool, description: str, decisions: str = "") -> MetricInfo:
+def share_of_rows(name: str, higher_is_better: bool, description: str, decisions: str = "", *,
+                  row_mean: bool = False) -> MetricInfo:  # fmt: skip
     """A metric that counts rows of its scope: in [0, 1], a whole number of rows (FP32's NaN/inf ones among them);
-    `decisions` names its companion counting agreement with FP32 where it is scored against labels."""
+    `decisions` names its companion counting agreement with FP32 where it is scored against labels; `row_mean`: each
+    row's count depends on that row alone (MetricInfo.row_mean)."""
     return MetricInfo(name, higher_is_better, description, low=0.0, high=1.0, share_of_rows=True,
-                      counts_nonfinite_rows=True, decisions=decisions)
+                      counts_nonfinite_rows=True, decisions=decisions, row_mean=row_mean)
 
 
 def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:
@@ -122,8 +129,8 @@ class MetricCatalogue(Mapping[str, MetricInfo]):
         return len(self._load())
 
 
-def _definition(info: MetricInfo) -> tuple[bool, float, float, bool, bool]:
-    return info.higher_is_better, info.low, info.high, info.share_of_rows, info.data_units
+def _definition(info: MetricInfo) -> tuple[bool, float, float, bool, bool, bool]:
+    return info.higher_is_better, info.low, info.high, info.share_of_rows, info.data_units, info.row_mean
 
 
 METRICS = MetricCatalogue("qbench.tasks")

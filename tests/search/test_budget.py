@@ -90,3 +90,18 @@ def test_until_a_candidate_is_measured_every_step_starts():
     assert budget.refusal("screening b", 3.0, unmeasured) is None
     measured = [CandidateRecord("a", "ort-dynamic", stage="screened", screen_excess=2.0, screen_drop=0.1)]
     assert budget.refusal("screening b", 3.0, measured) == "time budget spent"
+
+
+def test_a_step_refused_again_is_warned_about_once(caplog):
+    """Each evaluation pass asks again for a candidate the budget refused: the warning names it once, and another
+    step's refusal is still said."""
+    budget, clock = _budget(10.0)
+    clock.seconds = 12.0
+    measured = [CandidateRecord("a", "ort-dynamic", stage="screened", screen_excess=2.0, screen_drop=0.1)]
+    with caplog.at_level("WARNING", logger="qbench.search.budget"):
+        for _ in range(3):
+            assert budget.refusal("evaluating b", 3.0, measured) == "time budget spent"
+        assert budget.refusal("evaluating c", 3.0, measured) == "time budget spent"
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert [m for m in warned if "evaluating b skipped" in m] == [warned[0]]
+    assert len(warned) == 2 and "evaluating c skipped" in warned[1]

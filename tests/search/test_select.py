@@ -244,3 +244,38 @@ def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
     said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")], layers)
     assert "its weights are in 1 Gemm (inside If/Loop/Scan), 1 MatMul (inside If/Loop/Scan)" in said
     assert "tree ensemble" not in said and "decoder_with_past_model.onnx" in said
+
+
+def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a_similar_speed():
+    """A candidate screened a shade faster but only within the slack (excess over 1) waits for one that cleared the
+    gate within the tie of its speed; a clearly faster risky candidate still goes first."""
+    records = [
+        _record("risky-fast", speedup=2.12, screen=1.3),
+        _record("clear", speedup=2.05, screen=0.4),  # within 5 % of 2.12
+        _record("risky-much-faster", speedup=2.6, screen=1.4),
+        _record("clear-slower", speedup=1.7, screen=0.2),
+        _record("certain-fail", speedup=3.0, screen=0.9, failure_certain="certain to fail after 8 of 40 rows"),
+    ]
+    assert select.evaluation_order(records) == [2, 1, 0, 3]
+    # a wider tie (the noise the search measured): the clear one goes before the much faster risky one too
+    assert select.evaluation_order(records, tie=0.25) == [1, 2, 3, 0]
+    # all near the gate at a similar speed: fastest first, then the smaller excess
+    near = [_record("a", speedup=2.0, screen=1.2), _record("b", speedup=2.0, screen=1.1), _record("c", speedup=2.05, screen=1.4)]
+    assert select.evaluation_order(near) == [2, 1, 0]
+
+
+def test_the_report_says_why_a_pick_timed_a_shade_slower_was_kept():
+    records = [
+        _record("fast-thin", speedup=1.62, excess=0.9, passed=True),
+        _record("tied-clear", speedup=1.58, excess=0.3, passed=True),
+        _record("slow", speedup=1.2, excess=0.1, passed=True),
+    ]
+    chosen = select.choose(records)
+    assert chosen == 1
+    assert select.tie_note(records, chosen) == (
+        "tied-clear (1.58×) was chosen over fast-thin (1.62×): within the 5% tie, where timings do not say which is "
+        "faster, the pick goes to the larger accuracy margin (largest drop / tolerance 0.30 against 0.90)")
+    assert select.tie_note(records[1:], select.choose(records[1:])) is None  # the pick is the fastest: nothing to say
+    even = [_record("kf", speedup=1.62, excess=0.5, passed=True, keep_float=("n1",)),
+            _record("plain", speedup=1.6, excess=0.5, passed=True)]
+    assert select.tie_note(even, select.choose(even)).endswith("the pick goes to fewer float nodes")
