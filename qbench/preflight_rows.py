@@ -144,6 +144,9 @@ def _check_rows(
                     "first): qbench reads axis 0 of every output as the batch")  # fmt: skip
                 raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}, and "
                                   f"came back as those rows' outputs {why}")
+            if seen is not None and _batch_axis_dropped(values, got.get(name), picks):
+                raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}: "
+                                  f"{_dropped_batch_axis(path, name)}")
             if seen is not None:
                 variable = variable_length(_graph(path), name)
                 hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
@@ -287,6 +290,24 @@ def _rows_on_later_axis(reference: np.ndarray, got: np.ndarray | None, picks: np
             if expected.shape == got.shape and _same(got, expected):
                 return axis, across_rows
     return None
+
+
+def _batch_axis_dropped(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> bool:
+    """Whether a row fed alone came back without its batch axis: `got` has the shape of one row of `reference`."""
+    return got is not None and len(picks) == 1 and reference.ndim > 1 and got.shape == reference.shape[1:]
+
+
+def _dropped_batch_axis(path: Path, name: str) -> str:
+    """Why an output loses its batch axis for one row, and the fix: a Squeeze of every axis of size 1 (no axes
+    given, as PyTorch's `.squeeze()` exports) takes the batch's too when one row is fed."""
+    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze" and (len(node.input) < 2 or not node.input[1])
+                and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
+    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes ({squeezes[0].name or squeezes[0].output[0]!r}"
+             "), which drop every axis of size 1, the batch's too at one row" if squeezes else
+             "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
+    return (f"output {name!r} drops its batch axis for a batch of one row ({cause}), so a batch of one row (a last "
+            "batch, a served request) gives no row; expected one output row per input row at every batch size: "
+            "squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
 
 
 def _same(got: np.ndarray, expected: np.ndarray) -> bool:

@@ -348,3 +348,22 @@ def test_a_time_major_output_as_long_as_the_rows_checked_is_refused_naming_its_r
            in message  # fmt: skip
     assert "make the model return it batch-first (a Transpose moving axis 1 first)" in message
     assert "transpose the inputs" not in message
+
+
+def test_an_output_squeezed_of_every_unit_axis_is_refused_for_dropping_its_batch_axis_at_one_row(tmp_path: Path) -> None:
+    """y = Squeeze(x @ w) with no axes (PyTorch's `.squeeze()`): [8, 2] for 8 rows, [2] for one row fed alone, so a
+    last batch or a served request of one row gives no row. It was refused as a value computed over the batch ('let
+    no value be computed over the batch (a batch's sum choosing an If branch ...)'), which it is not; the error now
+    names the dropped batch axis, the Squeeze without axes, and the fix."""
+    model = _save(tmp_path / "m.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                                        helper.make_node("Squeeze", ["scores"], ["y"], name="squeeze_all")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["squeezed", CLASSES])])  # fmt: skip
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32)})
+    message = str(caught.value)
+    assert f"output 'y' had shape [{CLASSES}] where those rows' outputs have shape [1, {CLASSES}] when each of the same " \
+           "8 rows was fed alone: output 'y' drops its batch axis for a batch of one row (its graph holds 1 Squeeze " \
+           "node(s) given no axes ('squeeze_all')" in message  # fmt: skip
+    assert message.endswith("squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
+    assert "computed over the batch" not in message
