@@ -122,6 +122,9 @@ def _inner_tensor(name: str, op: str, names: list[str]) -> str:
             "named here")
 
 
+NAMED_LEFT_OUT = 4  # outputs a note names (a decoder returns dozens of cache tensors): the rest are counted
+
+
 def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) -> str | None:
     """FP32's note naming the model's outputs that no figure reads (copies of an input aside), or None where every
     output is evaluated: a variant that breaks one of them (a second head, a count beside its boxes) changes no figure
@@ -132,7 +135,9 @@ def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) ->
         return None
     judged = ", ".join(repr(choice.name) for choice in evaluated)
     plural = "s" if len(left) > 1 else ""
-    return (f"output{plural} {', '.join(left)} not compared with FP32: every figure and the gate judge {judged} "
+    named = ", ".join(left[:NAMED_LEFT_OUT]) + (f" and {len(left) - NAMED_LEFT_OUT} more" if len(left) > NAMED_LEFT_OUT
+                                                  else "")  # fmt: skip
+    return (f"output{plural} {named} not compared with FP32: every figure and the gate judge {judged} "
             f"alone, so a variant changing {'them' if plural else 'it'} passes unremarked; expected the outputs to "
             "judge listed in model.outputs (task structured with a metric of your own reads any of them)")
 

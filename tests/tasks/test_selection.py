@@ -314,3 +314,16 @@ def test_outputs_left_out_of_the_evaluation_are_named_with_the_ones_judged() -> 
     assert "ids_out" not in note
     both = choose_outputs(get_task("regression"), model, ["embedding", "aux"])
     assert outputs_not_compared(model, both) is None
+
+
+def test_many_outputs_left_out_are_counted_past_the_first_named() -> None:
+    """A decoder returning its cache (present.0 ... present.9) beside the logits: the note names four and counts the
+    rest, where it would list every cache tensor."""
+    logits = TensorMeta("logits", np.dtype("float32"), (None, 8, 50))
+    cache = [TensorMeta(f"present.{i}", np.dtype("float32"), (None, 2, 8, 4)) for i in range(10)]
+    model = _model(logits, *cache)
+    note = outputs_not_compared(model, choose_outputs(get_task("structured"), model, ["logits"]))
+    assert note is not None and note.startswith("outputs present.0 (float32, [None, 2, 8, 4]), present.1 (float32, "
+                                                "[None, 2, 8, 4]), present.2 (float32, [None, 2, 8, 4]), present.3 "
+                                                "(float32, [None, 2, 8, 4]) and 6 more not compared with FP32")  # fmt: skip
+    assert "present.4" not in note
