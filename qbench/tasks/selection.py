@@ -130,7 +130,9 @@ def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) ->
     output is evaluated: a variant that breaks one of them (a second head, a count beside its boxes) changes no figure
     and no gate check, so the results say which outputs their figures cover and which they leave out."""
     names = {choice.name for choice in evaluated}
-    left = [meta.describe() for meta in model.outputs.values() if meta.name not in names and meta.passthrough_of is None]
+    scored = any(choice.meta.kind == "map" or choice.meta.dtype.kind == "f" for choice in evaluated)
+    left = [meta.describe() for meta in model.outputs.values()
+            if meta.name not in names and meta.passthrough_of is None and not (scored and _graphs_label(meta))]
     if not left:
         return None
     judged = ", ".join(repr(choice.name) for choice in evaluated)
@@ -140,6 +142,13 @@ def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) ->
     return (f"output{plural} {named} not compared with FP32: every figure and the gate judge {judged} "
             f"alone, so a variant changing {'them' if plural else 'it'} passes unremarked; expected the outputs to "
             "judge listed in model.outputs (task structured with a metric of your own reads any of them)")
+
+
+def _graphs_label(meta: TensorMeta) -> bool:
+    """Whether `meta` is a classifier's label output, the class its graph picks from a class table it states (an
+    ONNX-ML classifier's first output, `classes[ArgMax(scores)]`): judging the scores beside it judges that choice
+    (skl2onnx's classifiers all have one), so leaving it out leaves nothing unjudged."""
+    return meta.kind == "tensor" and meta.dtype.kind != "f" and meta.picks_from_table
 
 
 def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:

@@ -327,3 +327,27 @@ def test_many_outputs_left_out_are_counted_past_the_first_named() -> None:
                                                 "[None, 2, 8, 4]), present.2 (float32, [None, 2, 8, 4]), present.3 "
                                                 "(float32, [None, 2, 8, 4]) and 6 more not compared with FP32")  # fmt: skip
     assert "present.4" not in note
+
+
+def test_a_classifiers_label_beside_its_judged_scores_is_not_named_but_another_integer_output_is(tmp_path) -> None:
+    """skl2onnx's classifiers return the label the graph picks from its class table beside the scores: judging the
+    scores judges that choice, so a note naming the label on every such model said nothing. An integer output the
+    graph computes otherwise (no class table) is still named."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.linear_model import LogisticRegression
+
+    from qbench.modelinfo import read_model_info
+
+    features = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
+    classifier = LogisticRegression(max_iter=200).fit(features, (features[:, 0] > 0).astype(np.int64))
+    path = tmp_path / "classifier.onnx"
+    path.write_bytes(skl2onnx.to_onnx(classifier, features[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+                     .SerializeToString())  # fmt: skip
+    model = read_model_info(path)
+    chosen = choose_outputs(get_task("classification"), model, None)
+    assert [c.name for c in chosen] == ["output_probability"]
+    assert outputs_not_compared(model, chosen) is None
+    counts = TensorMeta("counts", np.dtype("int64"), (None,))
+    with_counts = ModelInfo(inputs=model.inputs, outputs={**model.outputs, "counts": counts}, opset=17)
+    note = outputs_not_compared(with_counts, chosen)
+    assert note is not None and note.startswith("output counts (int64, [None]) not compared") and "output_label" not in note
