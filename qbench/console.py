@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import copy
 import io
 import logging
 import os
@@ -15,6 +16,9 @@ from typing import IO, Any
 from rich.console import Console, ConsoleDimensions, RenderableType
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.segment import Segment
+from rich.style import Style
+from rich.table import Table
 from rich.text import Text
 
 from qbench.progress import reporting_progress
@@ -46,6 +50,37 @@ class CliConsole(Console):
     def on_broken_pipe(self) -> None:
         if not discard_output(self.file):
             self.quiet = True
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        """Rich's rendering, save that in a log (not a person's terminal) no line ends in spaces: rich pads every
+        table cell and title to the table's width, which left 36 lines of a sweep's summary ending in up to 150
+        spaces (noise in a CI log, and in a diff of two logs)."""
+        return super()._render_buffer(buffer if interactive(self) else without_trailing_spaces(buffer))
+
+
+def without_trailing_spaces(segments: Iterable[Segment]) -> Iterator[Segment]:
+    """`segments` with the spaces at the end of each line left out, whatever style each piece of them has (a padded
+    cell, the table's own padding); control segments are kept, in order. A line not ended yet keeps its spaces: the
+    next print may go on with it."""
+    held: list[Segment] = []  # since the last visible character on the current line: spaces and controls
+    for segment in segments:
+        if segment.control:
+            held.append(segment)
+            continue
+        lines = segment.text.split("\n")
+        for index, line in enumerate(lines):
+            if index > 0:  # a newline ended the line: its held spaces go, its controls stay
+                yield from (kept for kept in held if kept.control)
+                held.clear()
+                yield Segment.line()
+            visible = line.rstrip(" ")
+            if visible:
+                yield from held
+                held.clear()
+                yield Segment(visible, segment.style)
+            if len(visible) < len(line):
+                held.append(Segment(line[len(visible):], segment.style))
+    yield from held
 
 
 FALLBACK_WIDTH = 80
@@ -323,14 +358,35 @@ def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:
     """Print on `target` (default: qbench's console); in logs (no terminal, whatever FORCE_COLOR says: 80 columns
-    by default) wide enough that tables do not fold."""
+    by default) wide enough that tables do not fold, and a table's title and caption each on lines of their own,
+    whole: rich folds them to the table's width however wide the console is (`qbench explain`'s title, naming the
+    variant, its drop and its worst slice, was folded mid-sentence at the width of its columns)."""
     target = target or console
     if interactive(target):
         target.print(renderable)
         return
-    natural = Measurement.get(target, target.options.update_width(10_000), renderable).maximum
-    caption = getattr(renderable, "caption", None)  # a table's notes under it: measured apart from its columns
-    if caption is not None:
-        natural = max(natural, *(len(line) for line in str(caption).splitlines()))
+    above, table, below = _apart(target, renderable)
+    natural = Measurement.get(target, target.options.update_width(10_000), table).maximum
     wide = CliConsole(file=target.file, width=max(target.width, natural), color_system=target.color_system)
-    wide.print(renderable)
+    for part in (above, table, below):
+        if part is not None:
+            wide.print(part, soft_wrap=part is not table)
+
+
+def _apart(target: Console, renderable: RenderableType) -> tuple[Text | None, RenderableType, Text | None]:
+    """A table's title, the table without its title and caption, and its caption (each title or caption in its
+    table's style for it; a str one read as rich reads it, markup and all); other renderables as they are."""
+    if not isinstance(renderable, Table) or (renderable.title is None and renderable.caption is None):
+        return None, renderable, None
+
+    def line(text: str | Text | None, style: str | Style) -> Text | None:
+        if text is None:
+            return None
+        if isinstance(text, str):
+            return target.render_str(text, style=style, highlight=False)
+        return Text.assemble(text, style=style)
+
+    bare = copy.copy(renderable)
+    bare.title = bare.caption = None
+    return (line(renderable.title, renderable.title_style or "table.title"), bare,
+            line(renderable.caption, renderable.caption_style or "table.caption"))  # fmt: skip

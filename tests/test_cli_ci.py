@@ -208,3 +208,20 @@ def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_
                                         f"folder (tracking.uri is not set, so runs go to sqlite:///{blocker}/mlflow.db: "
                                         "set tracking.uri or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
     assert sorted((recipe.parent / "reports" / "iris-ci").iterdir()) == runs
+
+
+def test_a_plain_log_has_no_escapes_no_trailing_spaces_whole_paths_and_a_line_per_job(recipe):
+    """A CI log at COLUMNS=80 under NO_COLOR: the summary and gate tables' lines ended in up to 150 spaces (rich pads
+    each cell to the table's width). Now no line ends in a space, nothing is coloured, the results path (longer than
+    80 columns here) is whole on its line, and the jobs' progress is one line per job done, not bar frames."""
+    done = run_qbench("sweep", str(recipe), "--gate", "--verbose", "--no-track", COLUMNS="80", NO_COLOR="1")
+    assert done.returncode == 0, done.stderr
+    log = done.stdout + done.stderr
+    lines = log.splitlines()
+    assert "\x1b" not in log and "\r" not in log
+    assert [line for line in lines if line.endswith(" ")] == []
+    results = [line.removeprefix("results: ") for line in lines if line.startswith("results: ")]
+    assert len(results) == 1 and len(results[0]) > 80 and Path(results[0]).is_file()
+    planned = next(int(line.split()[0]) for line in lines if " jobs (" in line)
+    assert len([line for line in lines if " jobs done " in line]) == planned
+
