@@ -298,9 +298,16 @@ class RichProgress:
         bars.stop()
 
 
+SHOWN_IN_SUMMARY = "qbench_shown_in_summary"
+"""The attribute (`logger.warning(note, extra={SHOWN_IN_SUMMARY: True})`) of a log record whose message is also one of
+the notes under the summary table that the command prints next (qbench.report.print_summary): the console leaves the
+note to the table. Both printed it: the same 250-character warning twice, three lines apart, in every sweep's log."""
+
+
 class ConsoleLogHandler(logging.Handler):
     """Renders the library's log records on qbench's console: plain messages, warnings and errors
-    prefixed as such (no markup is read from a message, so paths and brackets print as they are)."""
+    prefixed as such (no markup is read from a message, so paths and brackets print as they are); a record
+    the summary table will show (SHOWN_IN_SUMMARY) is left to it."""
 
     _PREFIX = {logging.WARNING: ("warning: ", "yellow"), logging.ERROR: ("error: ", "red")}
 
@@ -309,6 +316,8 @@ class ConsoleLogHandler(logging.Handler):
         self.console = target or console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, SHOWN_IN_SUMMARY, False):
+            return
         try:
             message = self.format(record)
             level = max((lvl for lvl in self._PREFIX if record.levelno >= lvl), default=None)

@@ -225,3 +225,17 @@ def test_a_plain_log_has_no_escapes_no_trailing_spaces_whole_paths_and_a_line_pe
     planned = next(int(line.split()[0]) for line in lines if " jobs (" in line)
     assert len([line for line in lines if " jobs done " in line]) == planned
 
+
+def test_a_timing_warning_the_summary_shows_prints_once(recipe, tmp_path, monkeypatch, capsys):
+    """The sweep logged its contention warning and the summary table's notes carried it too: the same long line
+    twice, three lines apart, in every sweep's log timed on a busy runner."""
+    from qbench import report, sweep
+    from qbench.cli_app import main
+
+    note = "onnxruntime-cpu: other processes kept 1.84 CPUs busy while int8 was timed at batch 1"
+    for module in (report, sweep):
+        monkeypatch.setattr(module, "contention_notes", lambda results: [note])
+    own = recipe.with_name("contended.yaml")  # its run in a folder of its own
+    own.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports")}))
+    assert main(["sweep", str(own), "--no-track"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if note in line] == [note]

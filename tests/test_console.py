@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import logging
 import re
 
 import pytest
 from rich.markup import escape
 from rich.table import Table
 
-from qbench.console import CliConsole, print_wide
+from qbench.console import SHOWN_IN_SUMMARY, CliConsole, ConsoleLogHandler, print_wide
 
 
 def test_emoji_codes_in_a_message_print_as_written() -> None:
@@ -68,4 +69,19 @@ def test_a_table_title_wider_than_the_log_prints_on_one_line() -> None:
     out = io.StringIO()
     print_wide(_table(title), CliConsole(file=out, width=80))
     assert title in out.getvalue().splitlines()
+
+
+def test_a_warning_the_summary_table_shows_is_left_to_it() -> None:
+    """The sweep's timing warnings (other processes busy, timings from several machines) are also notes under the
+    summary table: the log printed each twice, three lines apart. Other warnings print as before."""
+    out = io.StringIO()
+    logger = logging.getLogger("qbench.test_console")
+    handler = ConsoleLogHandler(CliConsole(file=out, width=80))
+    logger.addHandler(handler)
+    try:
+        logger.warning("onnxruntime-cpu: other processes kept 1.84 CPUs busy", extra={SHOWN_IN_SUMMARY: True})
+        logger.warning("the stored check cannot be read")
+    finally:
+        logger.removeHandler(handler)
+    assert out.getvalue().splitlines() == ["warning: the stored check cannot be read"]
 
