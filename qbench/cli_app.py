@@ -31,7 +31,13 @@ from qbench.cli_gate import (
     tag_tracked_runs,
 )
 from qbench.console import console as err_console
-from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
+from qbench.console import (
+    forgiving_standard_streams,
+    library_output_on_console,
+    print_error,
+    print_wide,
+    stdout_kept_for_a_document,
+)
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
@@ -149,8 +155,8 @@ def _measured_everything(results: SweepResults) -> int:
     if not failed:
         return EXIT_OK
     first = failed[0]
-    err_console.print(f"error: {len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
-                      f"{first.key}: {one_line(first.error)}", soft_wrap=True, markup=False)  # fmt: skip
+    print_error(f"{len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
+                f"{first.key}: {one_line(first.error)}")  # fmt: skip
     return EXIT_ERROR
 
 
@@ -467,7 +473,7 @@ def _run(args: list[str], *, debug: bool) -> int:
         with library_output_on_console(logging.DEBUG if debug else logging.INFO), SignalGuard():
             result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
-        err_console.print(f"[red]error:[/] {escape(one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
+        print_error(one_line(exc))
         return EXIT_ERROR
     except typer.Exit as exc:  # --help and the like
         return EXIT_OK if exc.exit_code == 0 else EXIT_ERROR
@@ -481,7 +487,7 @@ def _run(args: list[str], *, debug: bool) -> int:
         if debug:  # drawing the traceback takes memory a MemoryError lacked: its failure leaves the line below
             with contextlib.suppress(Exception):
                 err_console.print_exception()
-        err_console.print(f"qbench: error: {describe(exc)}", soft_wrap=True, markup=False)
+        print_error(describe(exc), prefix="qbench: error: ")
         return EXIT_ERROR
     if result is BREACH:
         return EXIT_BREACH

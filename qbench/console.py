@@ -242,6 +242,30 @@ def write_document(text: str) -> None:
     stream.flush()
 
 
+def print_error(message: str, *, prefix: str = "error: ") -> None:
+    """The command's error line on qbench's console: `prefix` in red, then `message` as written (no markup read
+    from it), on one line that is never folded, as a CI log keeps it; under GitHub Actions, its annotation too."""
+    console.print(Text.assemble((prefix, "red"), message), soft_wrap=True)
+    annotate_error("qbench", message)
+
+
+def annotate_error(title: str, message: str, target: Console | None = None) -> None:
+    """Under GitHub Actions (GITHUB_ACTIONS=true), also say `message` as an `::error` workflow command on `target`
+    (default: qbench's console, on stderr, which a `--json -` document never shares): the runner shows it as an
+    annotation on the run's page and the pull request's checks, where the reason a step failed was otherwise only
+    `Process completed with exit code 1` until someone opened the log. Elsewhere, nothing."""
+    if os.environ.get("GITHUB_ACTIONS") != "true":
+        return
+    line = f"::error title={_command_escaped(title, ':,')}::{_command_escaped(message)}"
+    (target or console).print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _command_escaped(text: str, also: str = "") -> str:
+    """`text` as a workflow command's value: '%', CR and LF (and in a property `also`: ':' and ',') percent-encoded,
+    as the runner decodes them, so that a message stays one command and is shown as written."""
+    return "".join(f"%{ord(c):02X}" if c in "%\r\n" + also else c for c in text)
+
+
 class RichProgress:
     """Progress on qbench's console for the library's long loops (a qbench.progress reporter).
 

@@ -64,7 +64,7 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def ci_env(**extra: str) -> dict[str, str]:
     """A CI runner's environment: no terminal, CI=true; the caller's own settings (COLUMNS, FORCE_COLOR) left out."""
-    dropped = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "GITHUB_STEP_SUMMARY")
+    dropped = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS")
     env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("MLFLOW_")}
     return {**env, "PYTHONPATH": str(REPO), "CI": "true", "TERM": "dumb", **extra}
 
@@ -239,3 +239,27 @@ def test_a_timing_warning_the_summary_shows_prints_once(recipe, tmp_path, monkey
     own.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports")}))
     assert main(["sweep", str(own), "--no-track"]) == 0
     assert [line for line in capsys.readouterr().err.splitlines() if note in line] == [note]
+
+
+def test_under_github_actions_a_breach_and_an_error_are_annotated_once(recipe):
+    """On GitHub Actions the run's page said only `Process completed with exit code 1` (or 2) until someone opened the
+    log. Now the gate's summary line, or the error, is also one `::error` workflow command on stderr (never on
+    stdout, which `--json -` keeps for its document), the message encoded so that it stays one command."""
+    strict = recipe.with_name("strict-annotated.yaml")
+    strict.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "metric": "max_abs_error",
+                                      "max_drop": 0.0, "max_slice_drop": 0.0}}))  # fmt: skip
+    breach = run_qbench("gate", str(strict), "--json", "-", GITHUB_ACTIONS="true")
+    assert breach.returncode == 1 and json.loads(breach.stdout)["verdict"] == "breach"
+    annotations = [line for line in breach.stderr.splitlines() if line.startswith("::")]
+    assert len(annotations) == 1 and annotations[0].startswith("::error title=qbench gate::gate: FAIL — 2 of 2 ")
+    missing = recipe.parent / "nowhere" / "results.json"
+    error = run_qbench("gate", "--results", str(missing), GITHUB_ACTIONS="true")
+    assert (error.returncode, error.stderr.splitlines()) == (2, [f"error: {missing}: results file not found",
+                                                                 f"::error title=qbench::{missing}: results file not found"])  # fmt: skip
+    unmatched = recipe.with_name("unmatched-annotated.yaml")  # unusable: the annotation names the problem itself
+    unmatched.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "applies_to": ["bf16*"]}}))
+    unusable = run_qbench("gate", str(unmatched), GITHUB_ACTIONS="true")
+    (annotation,) = [line for line in unusable.stderr.splitlines() if line.startswith("::")]
+    assert unusable.returncode == 2 and "gate: FAIL (results unusable)" in annotation and "'bf16*'" in annotation
+    passed = run_qbench("gate", str(recipe), GITHUB_ACTIONS="true")
+    assert passed.returncode == 0 and "::" not in passed.stdout + passed.stderr

@@ -10,7 +10,7 @@ import pytest
 from rich.markup import escape
 from rich.table import Table
 
-from qbench.console import SHOWN_IN_SUMMARY, CliConsole, ConsoleLogHandler, print_wide
+from qbench.console import SHOWN_IN_SUMMARY, CliConsole, ConsoleLogHandler, annotate_error, print_wide
 
 
 def test_emoji_codes_in_a_message_print_as_written() -> None:
@@ -85,3 +85,15 @@ def test_a_warning_the_summary_table_shows_is_left_to_it() -> None:
         logger.removeHandler(handler)
     assert out.getvalue().splitlines() == ["warning: the stored check cannot be read"]
 
+
+
+def test_an_annotation_is_one_workflow_command_under_github_actions_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A message holding a newline, '%' or (in the title) ':' and ',' would end the command early or be read as
+    another: each is percent-encoded, as the runner decodes it."""
+    out = io.StringIO()
+    target = CliConsole(file=out, width=20)
+    annotate_error("qbench gate", "drop 5% > 1%\nof: a, b", target)
+    assert out.getvalue() == ""
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    annotate_error("gate: a, b", "drop 5% > 1%\r\nof: a, b", target)
+    assert out.getvalue() == "::error title=gate%3A a%2C b::drop 5%25 > 1%25%0D%0Aof: a, b\n"
