@@ -356,15 +356,22 @@ class ConsoleLogHandler(logging.Handler):
 
 
 class OtherLibrariesWarnings(logging.StreamHandler):
-    """The root logger's handler while the CLI runs: other libraries' warnings and errors on stderr, as Python
-    prints them when nothing is configured; qbench's own records are left to the console handler. Being there,
-    it also turns a third-party `logging.basicConfig` (some ONNX Runtime quantization modules call it on import)
-    into a no-op, which would otherwise print every qbench line a second time."""
+    """The root logger's handler while the CLI runs: other libraries' warnings and errors on stderr, each on a line
+    naming its level and logger (`warning from mlflow.tracking: ...`: Python's own fallback printed the bare message,
+    which read as qbench's in a CI log); qbench's own records are left to the console handler. Being there, it also
+    turns a third-party `logging.basicConfig` (some ONNX Runtime quantization modules call it on import) into a
+    no-op, which would otherwise print every qbench line a second time."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setLevel(logging.WARNING)
         self.addFilter(lambda record: not record.name.startswith("qbench"))
+        self.setFormatter(_FromLibrary())
+
+
+class _FromLibrary(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return f"{record.levelname.lower()} from {record.name}: {record.message}"
 
 
 @contextlib.contextmanager
