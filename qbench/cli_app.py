@@ -132,16 +132,18 @@ def sweep(
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
-            err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
-            if outcome.mlflow_run_id:
-                err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)",
-                                  markup=False)
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:
                 untracked = "MLflow tracking failed during the sweep"
-            code = (_measured_everything(outcome.results) if ending is None else
-                    report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
-                                untracked=untracked))  # fmt: skip
+            try:
+                code = (_measured_everything(outcome.results) if ending is None else
+                        report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
+                                    untracked=untracked))  # fmt: skip
+            finally:  # where the results are, under the verdict: a log's last lines say both, however many breaches
+                err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
+                if outcome.mlflow_run_id:
+                    err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)",
+                                      markup=False)
             if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
                 raise QbenchError(f"{outcome.tracking_failure}; the results are complete in {outcome.run_dir}, not "
                                   f"in MLflow (log them there with `qbench track {recipe} {outcome.run_dir}`)")

@@ -263,3 +263,23 @@ def test_under_github_actions_a_breach_and_an_error_are_annotated_once(recipe):
     assert unusable.returncode == 2 and "gate: FAIL (results unusable)" in annotation and "'bf16*'" in annotation
     passed = run_qbench("gate", str(recipe), GITHUB_ACTIONS="true")
     assert passed.returncode == 0 and "::" not in passed.stdout + passed.stderr
+
+
+def test_a_sweep_logs_last_the_verdict_and_where_the_report_is(recipe, tmp_path):
+    """`sweep --gate` printed where its results and report are above the gate's notes and breaches: with many
+    breaches, far above the log's last lines. Now the verdict comes, then the paths, whatever the breaches."""
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports"),
+                                      "model": {"path": str(recipe.parent / "model.onnx")},
+                                      "data": {**yaml.safe_load(recipe.read_text())["data"],
+                                               "path": str(recipe.parent / "data.parquet")},
+                                      "gate": {**GATE, "metric": "max_abs_error", "max_drop": 0.0,
+                                               "max_slice_drop": 0.0}}))  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", str(strict), "--gate", "--no-track"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ci_env(), timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    last = done.stdout.splitlines()[-3:]
+    assert last[0].startswith("gate: FAIL — 2 of 2 variants breach: ")
+    assert last[1].startswith("results: ") and Path(last[1].removeprefix("results: ")).is_file()
+    assert last[2].startswith("report:  ") and Path(last[2].removeprefix("report:  ")).is_file()
