@@ -31,7 +31,13 @@ from qbench.cli_gate import (
     tag_tracked_runs,
 )
 from qbench.console import console as err_console
-from qbench.console import forgiving_standard_streams, library_output_on_console, print_wide, stdout_kept_for_a_document
+from qbench.console import (
+    forgiving_standard_streams,
+    library_output_on_console,
+    print_error,
+    print_wide,
+    stdout_kept_for_a_document,
+)
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
@@ -129,16 +135,18 @@ def sweep(
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
-            err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
-            if outcome.mlflow_run_id:
-                err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)",
-                                  markup=False)
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:
                 untracked = "MLflow tracking failed during the sweep"
-            code = (_measured_everything(outcome.results) if ending is None else
-                    report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
-                                untracked=untracked))  # fmt: skip
+            try:
+                code = (_measured_everything(outcome.results) if ending is None else
+                        report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
+                                    untracked=untracked))  # fmt: skip
+            finally:  # where the results are, under the verdict: a log's last lines say both, however many breaches
+                err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
+                if outcome.mlflow_run_id:
+                    err_console.print(f"MLflow run: {outcome.mlflow_run_id}  (open the UI with `qbench ui {recipe}`)",
+                                      markup=False)
             if outcome.tracking_failure:  # the results are complete on disk, MLflow lacks them: not a clean run
                 raise QbenchError(f"{outcome.tracking_failure}; the results are complete in {outcome.run_dir}, not "
                                   f"in MLflow (log them there with `qbench track {recipe} {outcome.run_dir}`)")
@@ -152,8 +160,8 @@ def _measured_everything(results: SweepResults) -> int:
     if not failed:
         return EXIT_OK
     first = failed[0]
-    err_console.print(f"error: {len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
-                      f"{first.key}: {one_line(first.error)}", soft_wrap=True, markup=False)  # fmt: skip
+    print_error(f"{len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
+                f"{first.key}: {one_line(first.error)}")  # fmt: skip
     return EXIT_ERROR
 
 
@@ -470,7 +478,7 @@ def _run(args: list[str], *, debug: bool) -> int:
         with library_output_on_console(logging.DEBUG if debug else logging.INFO), SignalGuard():
             result = app(args=args, prog_name="qbench", standalone_mode=False)
     except QbenchError as exc:
-        err_console.print(f"[red]error:[/] {escape(one_line(exc))}", soft_wrap=True)  # one line, unfolded, in CI logs
+        print_error(one_line(exc))
         return EXIT_ERROR
     except typer.Exit as exc:  # --help and the like
         return EXIT_OK if exc.exit_code == 0 else EXIT_ERROR
@@ -484,7 +492,7 @@ def _run(args: list[str], *, debug: bool) -> int:
         if debug:  # drawing the traceback takes memory a MemoryError lacked: its failure leaves the line below
             with contextlib.suppress(Exception):
                 err_console.print_exception()
-        err_console.print(f"qbench: error: {describe(exc)}", soft_wrap=True, markup=False)
+        print_error(describe(exc), prefix="qbench: error: ")
         return EXIT_ERROR
     if result is BREACH:
         return EXIT_BREACH

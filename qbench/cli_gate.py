@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qbench.console import annotate_error, names_stdout, print_wide, write_document
 from qbench.console import console as err_console
-from qbench.console import names_stdout, print_wide, write_document
 from qbench.console import stdout_console as out
 from qbench.errors import OUT_OF_MEMORY, QbenchError, environment_cause, one_line
 from qbench.gate_report_paths import check_report_path
@@ -242,8 +242,11 @@ def _print_verdict(report: GateReport, *, verbose: bool) -> None:
     else:
         for line in gate_report.console_lines(report):
             out.print(line, style="red", markup=False, highlight=False)
-    out.print(gate_report.summary_line(report), style="green" if report.exit_code == 0 else "bold red",
-              markup=False, highlight=False)  # fmt: skip
+    summary = gate_report.summary_line(report)
+    out.print(summary, style="green" if report.exit_code == 0 else "bold red", markup=False, highlight=False)
+    if report.exit_code != 0:  # unusable results: the summary line counts the problems, the annotation names some
+        more = [f"{len(report.problems) - 3} more in the log"] if len(report.problems) > 3 else []
+        annotate_error("qbench gate", "; ".join([summary, *report.problems[:3], *more]))
 
 
 def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool = True) -> list[QbenchError]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import copy
 import io
 import logging
 import os
@@ -15,6 +16,9 @@ from typing import IO, Any
 from rich.console import Console, ConsoleDimensions, RenderableType
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.segment import Segment
+from rich.style import Style
+from rich.table import Table
 from rich.text import Text
 
 from qbench.progress import reporting_progress
@@ -46,6 +50,37 @@ class CliConsole(Console):
     def on_broken_pipe(self) -> None:
         if not discard_output(self.file):
             self.quiet = True
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        """Rich's rendering, save that in a log (not a person's terminal) no line ends in spaces: rich pads every
+        table cell and title to the table's width, which left 36 lines of a sweep's summary ending in up to 150
+        spaces (noise in a CI log, and in a diff of two logs)."""
+        return super()._render_buffer(buffer if interactive(self) else without_trailing_spaces(buffer))
+
+
+def without_trailing_spaces(segments: Iterable[Segment]) -> Iterator[Segment]:
+    """`segments` with the spaces at the end of each line left out, whatever style each piece of them has (a padded
+    cell, the table's own padding); control segments are kept, in order. A line not ended yet keeps its spaces: the
+    next print may go on with it."""
+    held: list[Segment] = []  # since the last visible character on the current line: spaces and controls
+    for segment in segments:
+        if segment.control:
+            held.append(segment)
+            continue
+        lines = segment.text.split("\n")
+        for index, line in enumerate(lines):
+            if index > 0:  # a newline ended the line: its held spaces go, its controls stay
+                yield from (kept for kept in held if kept.control)
+                held.clear()
+                yield Segment.line()
+            visible = line.rstrip(" ")
+            if visible:
+                yield from held
+                held.clear()
+                yield Segment(visible, segment.style)
+            if len(visible) < len(line):
+                held.append(Segment(line[len(visible):], segment.style))
+    yield from held
 
 
 FALLBACK_WIDTH = 80
@@ -207,6 +242,30 @@ def write_document(text: str) -> None:
     stream.flush()
 
 
+def print_error(message: str, *, prefix: str = "error: ") -> None:
+    """The command's error line on qbench's console: `prefix` in red, then `message` as written (no markup read
+    from it), on one line that is never folded, as a CI log keeps it; under GitHub Actions, its annotation too."""
+    console.print(Text.assemble((prefix, "red"), message), soft_wrap=True)
+    annotate_error("qbench", message)
+
+
+def annotate_error(title: str, message: str, target: Console | None = None) -> None:
+    """Under GitHub Actions (GITHUB_ACTIONS=true), also say `message` as an `::error` workflow command on `target`
+    (default: qbench's console, on stderr, which a `--json -` document never shares): the runner shows it as an
+    annotation on the run's page and the pull request's checks, where the reason a step failed was otherwise only
+    `Process completed with exit code 1` until someone opened the log. Elsewhere, nothing."""
+    if os.environ.get("GITHUB_ACTIONS") != "true":
+        return
+    line = f"::error title={_command_escaped(title, ':,')}::{_command_escaped(message)}"
+    (target or console).print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _command_escaped(text: str, also: str = "") -> str:
+    """`text` as a workflow command's value: '%', CR and LF (and in a property `also`: ':' and ',') percent-encoded,
+    as the runner decodes them, so that a message stays one command and is shown as written."""
+    return "".join(f"%{ord(c):02X}" if c in "%\r\n" + also else c for c in text)
+
+
 class RichProgress:
     """Progress on qbench's console for the library's long loops (a qbench.progress reporter).
 
@@ -263,9 +322,16 @@ class RichProgress:
         bars.stop()
 
 
+SHOWN_IN_SUMMARY = "qbench_shown_in_summary"
+"""The attribute (`logger.warning(note, extra={SHOWN_IN_SUMMARY: True})`) of a log record whose message is also one of
+the notes under the summary table that the command prints next (qbench.report.print_summary): the console leaves the
+note to the table. Both printed it: the same 250-character warning twice, three lines apart, in every sweep's log."""
+
+
 class ConsoleLogHandler(logging.Handler):
     """Renders the library's log records on qbench's console: plain messages, warnings and errors
-    prefixed as such (no markup is read from a message, so paths and brackets print as they are)."""
+    prefixed as such (no markup is read from a message, so paths and brackets print as they are); a record
+    the summary table will show (SHOWN_IN_SUMMARY) is left to it."""
 
     _PREFIX = {logging.WARNING: ("warning: ", "yellow"), logging.ERROR: ("error: ", "red")}
 
@@ -274,6 +340,8 @@ class ConsoleLogHandler(logging.Handler):
         self.console = target or console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, SHOWN_IN_SUMMARY, False):
+            return
         try:
             message = self.format(record)
             level = max((lvl for lvl in self._PREFIX if record.levelno >= lvl), default=None)
@@ -288,15 +356,22 @@ class ConsoleLogHandler(logging.Handler):
 
 
 class OtherLibrariesWarnings(logging.StreamHandler):
-    """The root logger's handler while the CLI runs: other libraries' warnings and errors on stderr, as Python
-    prints them when nothing is configured; qbench's own records are left to the console handler. Being there,
-    it also turns a third-party `logging.basicConfig` (some ONNX Runtime quantization modules call it on import)
-    into a no-op, which would otherwise print every qbench line a second time."""
+    """The root logger's handler while the CLI runs: other libraries' warnings and errors on stderr, each on a line
+    naming its level and logger (`warning from mlflow.tracking: ...`: Python's own fallback printed the bare message,
+    which read as qbench's in a CI log); qbench's own records are left to the console handler. Being there, it also
+    turns a third-party `logging.basicConfig` (some ONNX Runtime quantization modules call it on import) into a
+    no-op, which would otherwise print every qbench line a second time."""
 
     def __init__(self) -> None:
         super().__init__()
         self.setLevel(logging.WARNING)
         self.addFilter(lambda record: not record.name.startswith("qbench"))
+        self.setFormatter(_FromLibrary())
+
+
+class _FromLibrary(logging.Formatter):
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return f"{record.levelname.lower()} from {record.name}: {record.message}"
 
 
 @contextlib.contextmanager
@@ -323,14 +398,35 @@ def library_output_on_console(level: int = logging.INFO) -> Iterator[None]:
 
 def print_wide(renderable: RenderableType, target: Console | None = None) -> None:
     """Print on `target` (default: qbench's console); in logs (no terminal, whatever FORCE_COLOR says: 80 columns
-    by default) wide enough that tables do not fold."""
+    by default) wide enough that tables do not fold, and a table's title and caption each on lines of their own,
+    whole: rich folds them to the table's width however wide the console is (`qbench explain`'s title, naming the
+    variant, its drop and its worst slice, was folded mid-sentence at the width of its columns)."""
     target = target or console
     if interactive(target):
         target.print(renderable)
         return
-    natural = Measurement.get(target, target.options.update_width(10_000), renderable).maximum
-    caption = getattr(renderable, "caption", None)  # a table's notes under it: measured apart from its columns
-    if caption is not None:
-        natural = max(natural, *(len(line) for line in str(caption).splitlines()))
+    above, table, below = _apart(target, renderable)
+    natural = Measurement.get(target, target.options.update_width(10_000), table).maximum
     wide = CliConsole(file=target.file, width=max(target.width, natural), color_system=target.color_system)
-    wide.print(renderable)
+    for part in (above, table, below):
+        if part is not None:
+            wide.print(part, soft_wrap=part is not table)
+
+
+def _apart(target: Console, renderable: RenderableType) -> tuple[Text | None, RenderableType, Text | None]:
+    """A table's title, the table without its title and caption, and its caption (each title or caption in its
+    table's style for it; a str one read as rich reads it, markup and all); other renderables as they are."""
+    if not isinstance(renderable, Table) or (renderable.title is None and renderable.caption is None):
+        return None, renderable, None
+
+    def line(text: str | Text | None, style: str | Style) -> Text | None:
+        if text is None:
+            return None
+        if isinstance(text, str):
+            return target.render_str(text, style=style, highlight=False)
+        return Text.assemble(text, style=style)
+
+    bare = copy.copy(renderable)
+    bare.title = bare.caption = None
+    return (line(renderable.title, renderable.title_style or "table.title"), bare,
+            line(renderable.caption, renderable.caption_style or "table.caption"))  # fmt: skip

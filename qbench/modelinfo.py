@@ -55,6 +55,7 @@ class TensorMeta:
     probabilities: bool | None = None  # the graph makes these scores as probabilities / as logits; None: unstated
     log_probabilities: bool = False  # the graph makes these scores as the log of probabilities (modelinfo_classes)
     class_count: int | None = None  # class ids an integer output can give, when the graph says (ArgMax over N scores)
+    picks_from_table: bool = False  # a label output whose values the graph picks from a class table it states
     dim_names: tuple[str | None, ...] = ()  # per dim: its dim_param, None when static or unnamed
     scalar: bool = False  # the graph declares a shape of rank 0 (shape () alone may also mean no shape stated)
     constant: bool = False  # computed from no graph input (an initializer, a Constant): the same whatever the rows
@@ -148,7 +149,8 @@ def read_model_info(path: Path) -> ModelInfo:
             label_table = facts.labels.get(value.name)
             keys = label_table if _read_as_positions(meta, label_table) else facts.tables.get(value.name)
             meta = dataclasses.replace(meta, class_keys=keys, log_probabilities=value.name in facts.log_probabilities,
-                                       class_count=facts.id_counts.get(value.name))  # fmt: skip
+                                       class_count=facts.id_counts.get(value.name),
+                                       picks_from_table=label_table is not None)  # fmt: skip
         source = _copied_input(value.name, producers, set(inputs))
         outputs[value.name] = dataclasses.replace(meta, passthrough_of=source, constant=value.name not in fed,
                                                   fixed=value.name in fixed)

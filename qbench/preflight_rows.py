@@ -135,9 +135,18 @@ def _check_rows(
                               f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = rows_moved(name, values, got.get(name), picks, agreement)
-            if seen is not None and (axis := _rows_on_later_axis(values, got.get(name), picks)) is not None:
+            if seen is not None and (later := _rows_on_later_axis(values, got.get(name), picks)) is not None:
+                axis, across_rows = later
+                why = f"reordered on its axis {axis} too: {ACROSS_ROWS}" if across_rows else (
+                    f"reordered on its axis {axis} alone: {name!r} gives its rows on axis {axis}, its axis 0 (of "
+                    f"{values.shape[0]}, as many as the rows fed) another dimension (a sequence-first or transposed "
+                    f"output, [seq, batch, ...]); make the model return it batch-first (a Transpose moving axis {axis} "
+                    "first): qbench reads axis 0 of every output as the batch")  # fmt: skip
                 raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}, and "
-                                  f"came back as those rows' outputs reordered on its axis {axis} too: {ACROSS_ROWS}")
+                                  f"came back as those rows' outputs {why}")
+            if seen is not None and _batch_axis_dropped(values, got.get(name), picks):
+                raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {seen} when {how}: "
+                                  f"{_dropped_batch_axis(path, name)}")
             if seen is not None:
                 variable = variable_length(_graph(path), name)
                 hint = f"; {variable}" if variable else batch_axis_hint(model) + _batch_statistics(path)
@@ -266,19 +275,46 @@ def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: 
             f"{scales[row]:.3g}, tolerance {tolerances[row]:.2g})")  # fmt: skip
 
 
-def _rows_on_later_axis(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> int | None:
-    """The later axis of an output that follows the rows as axis 0 does (`got`, the output of rows `picks`, is
-    `reference` with both axes taken at `picks`: a [batch, batch] similarity matrix), or None."""
-    if got is None or reference.dtype.kind not in "fc" or len(np.unique(picks)) != len(picks):
+def _rows_on_later_axis(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> tuple[int, bool] | None:
+    """The later axis of an output that follows the rows (`got`, the output of rows `picks`, is `reference` taken at
+    `picks` on that axis) and whether axis 0 follows them too (True: a [batch, batch] similarity matrix) or keeps
+    its order (False: a sequence-first or transposed output whose axis 0 happens to be as long as the rows fed), or
+    None."""
+    if got is None or len(np.unique(picks)) != len(picks):
         return None  # rows fed alone or as copies: nothing to take on a later axis
     for axis in range(1, reference.ndim):
         if reference.shape[axis] != len(picks):
             continue
-        expected = np.take(reference[picks], picks, axis=axis)
-        if expected.shape == got.shape and np.allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=ABSOLUTE_TOLERANCE,
-                                                        equal_nan=True):
-            return axis
+        for across_rows, rows in ((True, reference[picks]), (False, reference)):
+            expected = np.take(rows, picks, axis=axis)
+            if expected.shape == got.shape and _same(got, expected):
+                return axis, across_rows
     return None
+
+
+def _batch_axis_dropped(reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray) -> bool:
+    """Whether a row fed alone came back without its batch axis: `got` has the shape of one row of `reference`."""
+    return got is not None and len(picks) == 1 and reference.ndim > 1 and got.shape == reference.shape[1:]
+
+
+def _dropped_batch_axis(path: Path, name: str) -> str:
+    """Why an output loses its batch axis for one row, and the fix: a Squeeze of every axis of size 1 (no axes
+    given, as PyTorch's `.squeeze()` exports) takes the batch's too when one row is fed."""
+    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze" and (len(node.input) < 2 or not node.input[1])
+                and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
+    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes ({squeezes[0].name or squeezes[0].output[0]!r}"
+             "), which drop every axis of size 1, the batch's too at one row" if squeezes else
+             "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
+    return (f"output {name!r} drops its batch axis for a batch of one row ({cause}), so a batch of one row (a last "
+            "batch, a served request) gives no row; expected one output row per input row at every batch size: "
+            "squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
+
+
+def _same(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Equal values (class ids, flags), or floats within the tolerance left for other batch sizes' kernels."""
+    if expected.dtype.kind not in "fc":
+        return bool(np.array_equal(got, expected))
+    return bool(np.allclose(got, expected, rtol=RELATIVE_TOLERANCE, atol=ABSOLUTE_TOLERANCE, equal_nan=True))
 
 
 def _short(value: object) -> str:

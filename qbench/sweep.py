@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import qbench
+from qbench.console import SHOWN_IN_SUMMARY
 from qbench.environment import describe_environment
 from qbench.errors import QbenchError
 from qbench.execute import SweepPlan, make_executor, make_plan, run_plan, write_plan
@@ -409,7 +410,7 @@ def _publish(recipe: Recipe, results: SweepResults, progress: _Progress, started
     t = time.perf_counter()
     gate = evaluate_gate(results, recipe.gate, slo=recipe.slo)
     for note in (*mixed_timing_machines(results), *contention_notes(results)):
-        logger.warning(note)
+        logger.warning(note, extra={SHOWN_IN_SUMMARY: True})  # for a library's caller: the CLI prints the summary
     with progress.guard.shielded():  # a signal now waits for the reports too (a second or so): complete, or not at all
         results_path = write_results(results, run_dir / RESULTS_FILE)
         mark_complete(run_dir)

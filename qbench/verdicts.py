@@ -114,9 +114,9 @@ def _stored(path: Path, what: str) -> Agreement | None:
         logger.info("the stored check %s is incomplete or of another qbench: checking again", path)
         return None
     changed = next((file for file, ran in code.items() if not _same_code(file, ran["module"], ran["sha256"])), None)
-    if changed is not None:
-        logger.info("%s is not the code %s ran (edited, or the module is now imported from another file): checking "
-                    "again", changed, what)  # fmt: skip
+    if changed is not None:  # routine (a new checkout, an upgrade) and nothing to act on: not in a CI log's lines
+        logger.debug("%s is not the code %s ran (edited, or the module is now imported from another file): checking "
+                     "again", changed, what)  # fmt: skip
         return None
     return Agreement(largest, rows)
 

@@ -26,6 +26,13 @@ from server_processes import start_mlflow_server, stop_process_group
 MLFLOW_TEMPLATE_SITE = Path(__file__).parent / "mlflow_template"
 
 
+@pytest.fixture(autouse=True)
+def _not_under_github_actions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run on GitHub Actions, the suite would see GITHUB_ACTIONS=true, and every failing command in it would add an
+    `::error` annotation line to the output its test reads: the tests that want one set it themselves."""
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if not sys.platform.startswith("linux"):

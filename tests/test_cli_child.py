@@ -43,9 +43,7 @@ def test_the_logging_process_is_started_before_the_command_line_is_imported(tmp_
         "sys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
         "runpy.run_module('qbench.cli_child', run_name='__main__')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = _run_probe(probe, tmp_path)
     assert done.stdout.splitlines()[0] == "prestart; cli_app imported: False"
     assert done.returncode == 2
     assert "missing.yaml" in done.stderr
@@ -101,8 +99,12 @@ def test_the_command_lines_imports_run_uncollected_and_are_frozen_before_the_com
         "sys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
         "runpy.run_module('qbench.cli_child', run_name='__main__')\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = _run_probe(probe, tmp_path)
     assert done.stdout.splitlines() == ["prestart collects: False", "command collects: True frozen: True"], done.stderr
     assert done.returncode == 0
+
+
+def _run_probe(probe: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`probe` run by a fresh interpreter in `cwd` with this checkout's qbench first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

@@ -64,7 +64,7 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def ci_env(**extra: str) -> dict[str, str]:
     """A CI runner's environment: no terminal, CI=true; the caller's own settings (COLUMNS, FORCE_COLOR) left out."""
-    dropped = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "GITHUB_STEP_SUMMARY")
+    dropped = ("COLUMNS", "LINES", "FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "GITHUB_STEP_SUMMARY", "GITHUB_ACTIONS")
     env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("MLFLOW_")}
     return {**env, "PYTHONPATH": str(REPO), "CI": "true", "TERM": "dumb", **extra}
 
@@ -208,3 +208,78 @@ def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_
                                         f"folder (tracking.uri is not set, so runs go to sqlite:///{blocker}/mlflow.db: "
                                         "set tracking.uri or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
     assert sorted((recipe.parent / "reports" / "iris-ci").iterdir()) == runs
+
+
+def test_a_plain_log_has_no_escapes_no_trailing_spaces_whole_paths_and_a_line_per_job(recipe):
+    """A CI log at COLUMNS=80 under NO_COLOR: the summary and gate tables' lines ended in up to 150 spaces (rich pads
+    each cell to the table's width). Now no line ends in a space, nothing is coloured, the results path (longer than
+    80 columns here) is whole on its line, and the jobs' progress is one line per job done, not bar frames."""
+    done = run_qbench("sweep", str(recipe), "--gate", "--verbose", "--no-track", COLUMNS="80", NO_COLOR="1")
+    assert done.returncode == 0, done.stderr
+    log = done.stdout + done.stderr
+    lines = log.splitlines()
+    assert "\x1b" not in log and "\r" not in log
+    assert [line for line in lines if line.endswith(" ")] == []
+    results = [line.removeprefix("results: ") for line in lines if line.startswith("results: ")]
+    assert len(results) == 1 and len(results[0]) > 80 and Path(results[0]).is_file()
+    planned = next(int(line.split()[0]) for line in lines if " jobs (" in line)
+    assert len([line for line in lines if " jobs done " in line]) == planned
+
+
+def test_a_timing_warning_the_summary_shows_prints_once(recipe, tmp_path, monkeypatch, capsys):
+    """The sweep logged its contention warning and the summary table's notes carried it too: the same long line
+    twice, three lines apart, in every sweep's log timed on a busy runner."""
+    from qbench import report, sweep
+    from qbench.cli_app import main
+
+    note = "onnxruntime-cpu: other processes kept 1.84 CPUs busy while int8 was timed at batch 1"
+    for module in (report, sweep):
+        monkeypatch.setattr(module, "contention_notes", lambda results: [note])
+    own = recipe.with_name("contended.yaml")  # its run in a folder of its own
+    own.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports")}))
+    assert main(["sweep", str(own), "--no-track"]) == 0
+    assert [line for line in capsys.readouterr().err.splitlines() if note in line] == [note]
+
+
+def test_under_github_actions_a_breach_and_an_error_are_annotated_once(recipe):
+    """On GitHub Actions the run's page said only `Process completed with exit code 1` (or 2) until someone opened the
+    log. Now the gate's summary line, or the error, is also one `::error` workflow command on stderr (never on
+    stdout, which `--json -` keeps for its document), the message encoded so that it stays one command."""
+    strict = recipe.with_name("strict-annotated.yaml")
+    strict.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "metric": "max_abs_error",
+                                      "max_drop": 0.0, "max_slice_drop": 0.0}}))  # fmt: skip
+    breach = run_qbench("gate", str(strict), "--json", "-", GITHUB_ACTIONS="true")
+    assert breach.returncode == 1 and json.loads(breach.stdout)["verdict"] == "breach"
+    annotations = [line for line in breach.stderr.splitlines() if line.startswith("::")]
+    assert len(annotations) == 1 and annotations[0].startswith("::error title=qbench gate::gate: FAIL — 2 of 2 ")
+    missing = recipe.parent / "nowhere" / "results.json"
+    error = run_qbench("gate", "--results", str(missing), GITHUB_ACTIONS="true")
+    assert (error.returncode, error.stderr.splitlines()) == (2, [f"error: {missing}: results file not found",
+                                                                 f"::error title=qbench::{missing}: results file not found"])  # fmt: skip
+    unmatched = recipe.with_name("unmatched-annotated.yaml")  # unusable: the annotation names the problem itself
+    unmatched.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "applies_to": ["bf16*"]}}))
+    unusable = run_qbench("gate", str(unmatched), GITHUB_ACTIONS="true")
+    (annotation,) = [line for line in unusable.stderr.splitlines() if line.startswith("::")]
+    assert unusable.returncode == 2 and "gate: FAIL (results unusable)" in annotation and "'bf16*'" in annotation
+    passed = run_qbench("gate", str(recipe), GITHUB_ACTIONS="true")
+    assert passed.returncode == 0 and "::" not in passed.stdout + passed.stderr
+
+
+def test_a_sweep_logs_last_the_verdict_and_where_the_report_is(recipe, tmp_path):
+    """`sweep --gate` printed where its results and report are above the gate's notes and breaches: with many
+    breaches, far above the log's last lines. Now the verdict comes, then the paths, whatever the breaches."""
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "output_dir": str(tmp_path / "reports"),
+                                      "model": {"path": str(recipe.parent / "model.onnx")},
+                                      "data": {**yaml.safe_load(recipe.read_text())["data"],
+                                               "path": str(recipe.parent / "data.parquet")},
+                                      "gate": {**GATE, "metric": "max_abs_error", "max_drop": 0.0,
+                                               "max_slice_drop": 0.0}}))  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", str(strict), "--gate", "--no-track"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ci_env(), timeout=300,
+                          check=False)  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    last = done.stdout.splitlines()[-3:]
+    assert last[0].startswith("gate: FAIL — 2 of 2 variants breach: ")
+    assert last[1].startswith("results: ") and Path(last[1].removeprefix("results: ")).is_file()
+    assert last[2].startswith("report:  ") and Path(last[2].removeprefix("report:  ")).is_file()

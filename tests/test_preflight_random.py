@@ -137,6 +137,9 @@ class _Drifting:
     def __init__(self, session, step: float) -> None:  # noqa: ANN001
         self.session, self.step, self.runs = session, step, 0
 
+    def __getattr__(self, name: str):  # noqa: ANN204 - the session's other methods (get_inputs: qbench.per_call)
+        return getattr(self.session, name)
+
     def run(self, names, feeds, options=None):  # noqa: ANN001, ANN201
         outputs = self.session.run(names, feeds, options)
         self.runs += 1

@@ -321,3 +321,49 @@ def test_validate_refuses_an_output_whose_later_axis_is_the_batch_symbol_too(
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.output: no output task 'embedding' can "
                            "evaluate: output 'y' of shape ['batch', 'batch'] has the rows on axis 1 too ('batch'): its values pair each row with every row of the "
                            "batch")  # fmt: skip
+
+
+@pytest.mark.parametrize("class_ids", [False, True])
+def test_a_time_major_output_as_long_as_the_rows_checked_is_refused_naming_its_rows_axis(
+    tmp_path: Path, class_ids: bool
+) -> None:
+    """A batch-first input x [batch, 8, feat] transposed in the graph to a time-major output [8, batch, classes] (an
+    RNN's per-step outputs): fed the check's 8 rows, axis 0 holds 8 entries too, so only the reordering shows it, on
+    axis 1 alone. The error blamed the inputs ('export the model batch-first, or transpose the inputs'), which are
+    batch-first; it now names the output's rows axis, its scores or their class ids alike."""
+    steps = 8
+    head = [helper.make_node("ArgMax", ["scores"], ["y"], axis=2, keepdims=0)] if class_ids else []
+    model = _save(tmp_path / "m.onnx", [helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+                                        helper.make_node("MatMul", ["xt", "w"], ["y" if not class_ids else "scores"]),
+                                        *head],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", steps, FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.INT64 if class_ids else TensorProto.FLOAT,
+                                                 [steps, None] if class_ids else [steps, None, CLASSES])])  # fmt: skip
+    feeds = {"x": RNG.normal(size=(8, steps, FEATURES)).astype(np.float32)}
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, feeds)
+    message = str(caught.value)
+    assert "when the same 8 rows were fed in another order, and came back as those rows' outputs reordered on its " \
+           "axis 1 alone: 'y' gives its rows on axis 1, its axis 0 (of 8, as many as the rows fed) another dimension" \
+           in message  # fmt: skip
+    assert "make the model return it batch-first (a Transpose moving axis 1 first)" in message
+    assert "transpose the inputs" not in message
+
+
+def test_an_output_squeezed_of_every_unit_axis_is_refused_for_dropping_its_batch_axis_at_one_row(tmp_path: Path) -> None:
+    """y = Squeeze(x @ w) with no axes (PyTorch's `.squeeze()`): [8, 2] for 8 rows, [2] for one row fed alone, so a
+    last batch or a served request of one row gives no row. It was refused as a value computed over the batch ('let
+    no value be computed over the batch (a batch's sum choosing an If branch ...)'), which it is not; the error now
+    names the dropped batch axis, the Squeeze without axes, and the fix."""
+    model = _save(tmp_path / "m.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+                                        helper.make_node("Squeeze", ["scores"], ["y"], name="squeeze_all")],
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["squeezed", CLASSES])])  # fmt: skip
+    with pytest.raises(RecipeError) as caught:
+        _check(tmp_path, model, {"x": RNG.normal(size=(8, FEATURES)).astype(np.float32)})
+    message = str(caught.value)
+    assert f"output 'y' had shape [{CLASSES}] where those rows' outputs have shape [1, {CLASSES}] when each of the same " \
+           "8 rows was fed alone: output 'y' drops its batch axis for a batch of one row (its graph holds 1 Squeeze " \
+           "node(s) given no axes ('squeeze_all')" in message  # fmt: skip
+    assert message.endswith("squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
+    assert "computed over the batch" not in message

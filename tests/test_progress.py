@@ -97,3 +97,4 @@ def test_cli_prints_each_library_line_once_when_a_third_party_calls_basic_config
     err = capsys.readouterr().err
     assert err.count("screen candidate: cosine 0.998") == 1 and "ROOT qbench" not in err
     assert err.count("optional kernel missing") == 1
+    assert "warning from thirdparty.kernels: optional kernel missing" in err.splitlines()  # whose it is, said

@@ -241,7 +241,7 @@ def test_print_summary_does_not_fold_tables_in_logs(monkeypatch: pytest.MonkeyPa
 
 def test_a_long_problem_under_the_gate_table_is_not_folded_at_the_table_width(monkeypatch: pytest.MonkeyPatch,
                                                                               gate: GateReport) -> None:  # fmt: skip
-    long = "int8-search@onnxruntime-cpu: variant failed: " + "a message that runs well past the table " * 4
+    long = "int8-search@onnxruntime-cpu: variant failed: " + " ".join(["a message that runs well past the table"] * 4)
     stream = io.StringIO()
     monkeypatch.setattr(qbench.console, "console", Console(file=stream, width=80))
     print_summary(make_sweep(), replace(gate, problems=(long,)))

@@ -207,12 +207,13 @@ def test_an_edit_to_installed_code_forward_runs_runs_the_checks_again(
     assert checks == [2, 3, 32]
 
 
-def test_the_helper_imported_from_another_environment_runs_the_checks_again(
+def test_the_helper_imported_from_another_environment_runs_the_checks_again_saying_why_at_debug(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, installed: Path, checks: list[int],
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Another virtual environment (or PYTHONPATH) holding its own verdict_ops.py: the first one's file is unchanged,
-    but it is not the code forward() runs now."""
+    but it is not the code forward() runs now. Why the check runs again is a --debug line: at INFO it printed in the
+    log of every run from another checkout sharing the cache, with nothing to act on."""
     recipe = _project(tmp_path)
     _prepare(recipe)
     other = tmp_path_factory.mktemp("other_environment")
@@ -220,9 +221,12 @@ def test_the_helper_imported_from_another_environment_runs_the_checks_again(
     monkeypatch.syspath_prepend(str(other))
     del sys.modules["verdict_ops"]
     checks.clear()
-    _prepare(recipe)
+    with caplog.at_level(logging.DEBUG, logger="qbench.verdicts"):
+        _prepare(recipe)
     assert checks == [2, 3, 32]
     assert sys.modules["verdict_ops"].__file__ == str(other / "verdict_ops.py")
+    why = [r for r in caplog.records if "is not the code" in r.getMessage()]
+    assert why and all(r.levelno == logging.DEBUG for r in why)
 
 
 def test_a_helper_that_puts_an_object_in_its_place_in_sys_modules_is_reused(

@@ -122,6 +122,35 @@ def _inner_tensor(name: str, op: str, names: list[str]) -> str:
             "named here")
 
 
+NAMED_LEFT_OUT = 4  # outputs a note names (a decoder returns dozens of cache tensors): the rest are counted
+
+
+def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) -> str | None:
+    """FP32's note naming the model's outputs that no figure reads (copies of an input aside), or None where every
+    output is evaluated: a variant that breaks one of them (a second head, a count beside its boxes) changes no figure
+    and no gate check, so the results say which outputs their figures cover and which they leave out."""
+    names = {choice.name for choice in evaluated}
+    scored = any(choice.meta.kind == "map" or choice.meta.dtype.kind == "f" for choice in evaluated)
+    left = [meta.describe() for meta in model.outputs.values()
+            if meta.name not in names and meta.passthrough_of is None and not (scored and _graphs_label(meta))]
+    if not left:
+        return None
+    judged = ", ".join(repr(choice.name) for choice in evaluated)
+    plural = "s" if len(left) > 1 else ""
+    named = ", ".join(left[:NAMED_LEFT_OUT]) + (f" and {len(left) - NAMED_LEFT_OUT} more" if len(left) > NAMED_LEFT_OUT
+                                                  else "")  # fmt: skip
+    return (f"output{plural} {named} not compared with FP32: every figure and the gate judge {judged} "
+            f"alone, so a variant changing {'them' if plural else 'it'} passes unremarked; expected the outputs to "
+            "judge listed in model.outputs (task structured with a metric of your own reads any of them)")
+
+
+def _graphs_label(meta: TensorMeta) -> bool:
+    """Whether `meta` is a classifier's label output, the class its graph picks from a class table it states (an
+    ONNX-ML classifier's first output, `classes[ArgMax(scores)]`): judging the scores beside it judges that choice
+    (skl2onnx's classifiers all have one), so leaving it out leaves nothing unjudged."""
+    return meta.kind == "tensor" and meta.dtype.kind != "f" and meta.picks_from_table
+
+
 def _rows_elsewhere(model: ModelInfo, meta: TensorMeta) -> str | None:
     """Why `meta` gives its rows on another axis than 0: a later axis carries the dimension the inputs take their
     rows on (axis 0 of an input, by name) and axis 0 does not (a leading unit axis, [1, 'N', 3]; [seq, batch, ...])."""

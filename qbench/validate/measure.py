@@ -37,6 +37,7 @@ from qbench.recipe import LatencySpec
 from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
+from qbench.tasks.selection import outputs_not_compared
 from qbench.validate import metrics
 from qbench.validate.accuracy import (
     beyond_range_notes,
@@ -275,7 +276,9 @@ def measure(
                                            rows.labels)  # fmt: skip
             for reading in () if quiet else one_class.values():
                 logger.warning("%s: %s", label, reading)
-            scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values()]
+            left_out = outputs_not_compared(prepared.model, prepared.outputs)
+            scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values(),
+                          *([left_out] if left_out else [])]
             shared = shared_cosines(recipe.task, outputs)
         options = {"probabilities": scales, "task_options": recipe.task_options,
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},

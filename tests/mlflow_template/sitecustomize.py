@@ -68,8 +68,8 @@ class _PatchingLoader(importlib.abc.Loader):
 
 
 def _patch(module: ModuleType) -> None:
-    migrate = module._initialize_tables
-    if hasattr(migrate, "__wrapped__"):  # patched already
+    migrate = getattr(module, "_initialize_tables", None)
+    if migrate is None or hasattr(migrate, "__wrapped__"):  # another MLflow's layout: its own migrations; or patched
         return
 
     @functools.wraps(migrate)

@@ -10,6 +10,7 @@ it follows an ONNX file: a checkpoint replaced after the sweep was judged on the
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from collections.abc import Iterator
@@ -53,6 +54,21 @@ def build():
 '''
 
 
+@contextlib.contextmanager
+def _swept(root: Path, package: str, recipe: dict) -> Iterator[Path]:
+    """`recipe` written to root/recipe.yaml and swept once (no tracking) with `root` importable, as a user's project
+    is; its package's modules forgotten after."""
+    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    sys.path.insert(0, str(root))
+    try:
+        assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
+        yield root / "recipe.yaml"
+    finally:
+        sys.path.remove(str(root))
+        for name in [m for m in sys.modules if m.split(".")[0] == package]:
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """40 rows repeating 10 feature rows, each with its own id fed to `row_id`, swept once (FP16); the recipe file."""
@@ -76,15 +92,8 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
         "output_dir": "runs",
     }  # fmt: skip
-    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    sys.path.insert(0, str(root))
-    try:
-        assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
-        yield root / "recipe.yaml"
-    finally:
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m.split(".")[0] == PACKAGE]:
-            del sys.modules[name]
+    with _swept(root, PACKAGE, recipe) as recipe_file:
+        yield recipe_file
 
 
 @pytest.fixture
@@ -107,15 +116,8 @@ def loads_its_checkpoint(tmp_path: Path) -> Iterator[Path]:
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
         "gate": {"metric": "accuracy", "max_drop": 0.05, "unresolved": "note"}, "output_dir": "runs",
     }  # fmt: skip
-    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        assert main(["sweep", str(tmp_path / "recipe.yaml"), "--no-track"]) == 0
-        yield tmp_path / "recipe.yaml"
-    finally:
-        sys.path.remove(str(tmp_path))
-        for name in [m for m in sys.modules if m.split(".")[0] == LOADING]:
-            del sys.modules[name]
+    with _swept(tmp_path, LOADING, recipe) as recipe_file:
+        yield recipe_file
 
 
 def test_a_checkpoint_the_factory_loads_itself_replaced_after_the_sweep_makes_the_results_stale(

@@ -8,7 +8,7 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.modelinfo import ModelInfo, TensorMeta
 from qbench.tasks import get_task
-from qbench.tasks.selection import choose_outputs
+from qbench.tasks.selection import choose_outputs, outputs_not_compared
 
 LABEL = TensorMeta("label", np.dtype("int64"), (None,))
 ZIPMAP = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (0, 1, 2))
@@ -299,3 +299,55 @@ def test_a_tensor_inside_the_graph_is_named_as_such_with_how_to_return_it(tmp_pa
     assert "make_tensor_value_info('raw', elem_type, None) to model.graph.output" in str(raised.value)
     with pytest.raises(QbenchError, match=r"got 'dest', expected one of dets \(did you mean 'dets'\?\)"):
         choose_outputs(get_task("structured"), model, ["dest"])  # a misspelt output is still one
+
+
+def test_outputs_left_out_of_the_evaluation_are_named_with_the_ones_judged() -> None:
+    """A second head beside the scores (a regression 'aux') that the recipe does not evaluate is compared by no figure
+    and no gate check: FP32's note names it and the output judged instead; an input's copy is no prediction to name,
+    and nothing is said where every output is evaluated."""
+    aux = TensorMeta("aux", np.dtype("float32"), (None, 1))
+    model = _model(EMBEDDING, aux, COPY)
+    chosen = choose_outputs(get_task("embedding"), model, ["embedding"])
+    note = outputs_not_compared(model, chosen)
+    assert note is not None and note.startswith("output aux (float32, [None, 1]) not compared with FP32: every figure "
+                                                "and the gate judge 'embedding' alone")  # fmt: skip
+    assert "ids_out" not in note
+    both = choose_outputs(get_task("regression"), model, ["embedding", "aux"])
+    assert outputs_not_compared(model, both) is None
+
+
+def test_many_outputs_left_out_are_counted_past_the_first_named() -> None:
+    """A decoder returning its cache (present.0 ... present.9) beside the logits: the note names four and counts the
+    rest, where it would list every cache tensor."""
+    logits = TensorMeta("logits", np.dtype("float32"), (None, 8, 50))
+    cache = [TensorMeta(f"present.{i}", np.dtype("float32"), (None, 2, 8, 4)) for i in range(10)]
+    model = _model(logits, *cache)
+    note = outputs_not_compared(model, choose_outputs(get_task("structured"), model, ["logits"]))
+    assert note is not None and note.startswith("outputs present.0 (float32, [None, 2, 8, 4]), present.1 (float32, "
+                                                "[None, 2, 8, 4]), present.2 (float32, [None, 2, 8, 4]), present.3 "
+                                                "(float32, [None, 2, 8, 4]) and 6 more not compared with FP32")  # fmt: skip
+    assert "present.4" not in note
+
+
+def test_a_classifiers_label_beside_its_judged_scores_is_not_named_but_another_integer_output_is(tmp_path) -> None:
+    """skl2onnx's classifiers return the label the graph picks from its class table beside the scores: judging the
+    scores judges that choice, so a note naming the label on every such model said nothing. An integer output the
+    graph computes otherwise (no class table) is still named."""
+    skl2onnx = pytest.importorskip("skl2onnx")
+    from sklearn.linear_model import LogisticRegression
+
+    from qbench.modelinfo import read_model_info
+
+    features = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
+    classifier = LogisticRegression(max_iter=200).fit(features, (features[:, 0] > 0).astype(np.int64))
+    path = tmp_path / "classifier.onnx"
+    path.write_bytes(skl2onnx.to_onnx(classifier, features[:1], target_opset={"": 17, "ai.onnx.ml": 3})
+                     .SerializeToString())  # fmt: skip
+    model = read_model_info(path)
+    chosen = choose_outputs(get_task("classification"), model, None)
+    assert [c.name for c in chosen] == ["output_probability"]
+    assert outputs_not_compared(model, chosen) is None
+    counts = TensorMeta("counts", np.dtype("int64"), (None,))
+    with_counts = ModelInfo(inputs=model.inputs, outputs={**model.outputs, "counts": counts}, opset=17)
+    note = outputs_not_compared(with_counts, chosen)
+    assert note is not None and note.startswith("output counts (int64, [None]) not compared") and "output_label" not in note
