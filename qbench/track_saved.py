@@ -14,7 +14,6 @@ variant twice.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
 from qbench.track_content import GATE_TAG, sweep_gate_tags, tag_value
 from qbench.track_store import (
+    after_logged,
     bounded_retries,
     existing_experiment,
     finished_sweep_run,
@@ -91,7 +91,8 @@ def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport, results: S
                 return None
             children = children_of(client, experiment_id, parent.info.run_id)
             log_gate(client, {key: run.info.run_id for key, run in children.items()}, gate)
-            breaches = Metric("gate_breaches", float(len(gate.breaches)), int(time.time() * 1000), 0)  # as sweep_metrics
+            step, stamp = after_logged(parent)  # after the sweep's count, whatever clock logged that
+            breaches = Metric("gate_breaches", float(len(gate.breaches)), stamp, step)  # as sweep_metrics
             tags = [RunTag(k, v) for k, v in sweep_gate_tags(results, gate).items()]  # the cheapest follows the verdict
             client.log_batch(parent.info.run_id, [breaches], tags=tags)
         except (MlflowException, OSError) as exc:
