@@ -65,6 +65,7 @@ from qbench.track_store import (
 )
 from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_system import SystemSampler
+from qbench.track_upload import files_to_upload, upload_all
 from qbench.track_uri import resolve_tracking_uri
 
 T = TypeVar("T")
@@ -130,11 +131,8 @@ def artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:
 
 
 def _log_artifacts(client: MlflowClient, run_id: str, paths: Sequence[Path]) -> None:
-    for path in paths:
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path=path.name)
-        else:
-            client.log_artifact(run_id, str(path))
+    """The files (a folder: in a folder of its name) uploaded together (qbench.track_upload)."""
+    upload_all(lambda file, folder: client.log_artifact(run_id, file, folder), files_to_upload(paths))
 
 
 def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_uri: str, recipe: Recipe) -> None:
