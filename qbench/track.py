@@ -57,6 +57,7 @@ from qbench.track_store import (
     RUN_DIR_TAG,
     after_logged,
     bounded_retries,
+    end_time,
     is_server,
     now_ms,
     open_experiment,
@@ -262,7 +263,7 @@ class SweepTracker:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
             if replaced.info.status == "RUNNING":  # its sweep was killed (SIGKILL, out of memory) before it could end it
-                self._client.set_terminated(replaced.info.run_id, status="KILLED")
+                self._client.set_terminated(replaced.info.run_id, status="KILLED", end_time=end_time(replaced))
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip
@@ -323,10 +324,8 @@ class SweepTracker:
                 self._client.log_batch(self.parent_id, **request)
 
     def _end_time(self) -> int:
-        """The parent run's end: now, or its start where it was taken over from a machine whose clock is ahead of this
-        one's (MLflow would show a negative duration)."""
-        started = self._taken_over.info.start_time if self._taken_over is not None else None
-        return max(now_ms(), started or 0)
+        """The parent run's end: now, or its start where it was taken over from a machine whose clock is ahead."""
+        return end_time(self._taken_over) if self._taken_over is not None else now_ms()
 
     def _release(self) -> None:
         """Stop sampling system metrics (if still sampling: a failed store) and lift the bounded retries."""
@@ -438,7 +437,7 @@ def _end_killed_sweeps(client: MlflowClient, experiment_id: str, keep: str) -> N
         for ended in (*children_of(client, experiment_id, run.info.run_id).values(), run):
             client.set_tag(ended.info.run_id, GATE_TAG, verdict)
             if ended.info.status == "RUNNING":
-                client.set_terminated(ended.info.run_id, status="KILLED", end_time=now_ms())
+                client.set_terminated(ended.info.run_id, status="KILLED", end_time=end_time(ended))
         logger.info("MLflow: ended the run %s of a killed sweep (%s) KILLED", run.info.run_id, folder)
 
 

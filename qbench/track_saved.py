@@ -32,6 +32,7 @@ from qbench.track_content import GATE_TAG, sweep_gate_tags, tag_value
 from qbench.track_store import (
     after_logged,
     bounded_retries,
+    end_time,
     existing_experiment,
     finished_sweep_run,
     open_experiment,
@@ -144,7 +145,7 @@ def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
                 for run in (*children, parent):
                     client.set_tag(run.info.run_id, GATE_TAG, verdict)
                     if run.info.status not in ("FAILED", "KILLED"):
-                        client.set_terminated(run.info.run_id, status="FAILED")
+                        client.set_terminated(run.info.run_id, status="FAILED", end_time=end_time(run))
                     _fail_models(client, run, verdict)
                 logger.info("MLflow: ended the sweep run %s left by the failed logging of %s", parent.info.run_id,
                             run_dir)  # fmt: skip

@@ -67,6 +67,12 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def end_time(run: Run) -> int:
+    """When to end `run`, which another machine may have started: now, or its start where this machine's clock is
+    behind that one's (MLflow would show a negative duration)."""
+    return max(now_ms(), run.info.start_time or 0)
+
+
 def after_logged(run: Run) -> tuple[int, int]:
     """The step and time stamp (ms) for figures logged again into `run` (a resumed sweep's summary, a later gate's
     count): after every figure it holds but its system metrics (steps of their own). MLflow shows a key's entry of the

@@ -15,6 +15,7 @@ from qbench.gate import evaluate_gate
 from qbench.recipe import Recipe, load_recipe
 from qbench.track import SweepTracker
 from qbench.track_saved import log_sweep, tag_gate_verdict
+from qbench.track_store import end_time, now_ms
 
 AHEAD_S = 3600.0  # the clock of the machine that logged the sweep, ahead of this one's
 
@@ -104,3 +105,19 @@ def test_a_later_gate_on_a_machine_whose_clock_is_behind_shows_its_breach_count(
     assert client.get_run(parent_id).data.metrics["gate_breaches"] == float(len(tighter.breaches))
     assert _history(client, parent_id, "gate_breaches") == [(0, float(len(gate.breaches))),
                                                             (1, float(len(tighter.breaches)))]  # fmt: skip
+
+
+def test_a_run_another_machine_started_ends_no_earlier_than_it_started(mlflow_server: str) -> None:
+    """Runs qbench ends for another machine's sweep (taken over, killed, left by a failed logging) were ended at this
+    machine's time: where its clock is behind, before they started."""
+    client = MlflowClient(mlflow_server)
+    experiment_id = client.create_experiment(f"history-ends-{time.time_ns()}")
+    started = now_ms() + int(AHEAD_S * 1000)
+    run = client.create_run(experiment_id, start_time=started)
+    assert end_time(run) == started
+    client.set_terminated(run.info.run_id, status="KILLED", end_time=end_time(run))
+    ended = client.get_run(run.info.run_id).info
+    assert ended.end_time >= ended.start_time
+    mine = client.create_run(experiment_id)
+    before = now_ms()
+    assert end_time(mine) >= before  # a run this machine started: now
