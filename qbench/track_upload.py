@@ -17,17 +17,16 @@ UPLOAD_THREADS = 4
 Upload = Callable[[str, "str | None"], object]  # (local file, artifact folder or None) -> uploads it
 
 
-def files_to_upload(paths: Iterable[Path], *, folder: str | None = None) -> list[tuple[Path, str | None]]:
+def files_to_upload(paths: Iterable[Path]) -> list[tuple[Path, str | None]]:
     """Each file among `paths` (a folder: each file in it, in a folder of its name) with the artifact folder it goes
-    to, under `folder` where given: as MLflow's log_artifact / log_artifacts place them."""
+    to (None: the top), as MLflow's log_artifact / log_artifacts place them."""
     files: list[tuple[Path, str | None]] = []
     for path in paths:
         if not path.is_dir():
-            files.append((path, folder))
+            files.append((path, None))
             continue
         for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            parts = [part for part in (folder, path.name, *file.relative_to(path).parent.parts) if part]
-            files.append((file, str(PurePosixPath(*parts))))
+            files.append((file, str(PurePosixPath(path.name, *file.relative_to(path).parent.parts))))
     return files
 
 

@@ -20,9 +20,6 @@ def test_files_go_where_mlflows_log_artifact_and_log_artifacts_put_them(tmp_path
     paths = [tmp_path / "report.md", tmp_path / "plots"]
     assert files_to_upload(paths) == [(tmp_path / "report.md", None), (tmp_path / "plots" / "a.svg", "plots"),
                                       (tmp_path / "plots" / "deep" / "b.svg", "plots/deep")]  # fmt: skip
-    assert files_to_upload(paths, folder="run") == [(tmp_path / "report.md", "run"),
-                                                    (tmp_path / "plots" / "a.svg", "run/plots"),
-                                                    (tmp_path / "plots" / "deep" / "b.svg", "run/plots/deep")]  # fmt: skip
 
 
 def test_uploads_are_in_flight_together() -> None:
