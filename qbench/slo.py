@@ -312,10 +312,10 @@ def _judge_one(
     if budget.rate_rps is not None:
         if serving is None or serving.at_rate is None:
             return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
-        judged = p99_under_load(serving, budget.rate_rps)
+        judged = p99_under_load(serving, budget.rate_rps, budget.p99_ms)
         if judged is None:
-            return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps): "
-                          "re-run `qbench sweep` with this slo section")  # fmt: skip
+            return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps"
+                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): re-run `qbench sweep` with this slo section")  # fmt: skip
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
@@ -369,14 +369,16 @@ def _remedy(result: VariantResult) -> str:
     return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
 
 
-def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str] | None:
+def p99_under_load(serving: ServingResult, rate_rps: float, budget_ms: float | None = None) -> tuple[float, str] | None:
     """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and, when the instance
     fell behind there (a breach whatever that p99: its queue grows), why ('' when it kept up): the worse of the simulation and the real server's run at the rate (the simulation models no
-    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget;
+    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget
+    (`budget_ms`, the one judged now; None: the one swept): runs that met a looser budget at the sweep stand for none
+    (a budget tightened from 10 to 6 ms since was judged on the simulated 5.5 ms alone, a pass);
     None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
     it, and the report the reference, which is never gated (qbench.report_serving.cheapest)."""
     served = serving.served_at_rate
-    if serving.at_rate is None or (served is None and not served_above(serving.max_rate_rps, rate_rps)):
+    if serving.at_rate is None or (served is None and not _met_above(serving, rate_rps, budget_ms)):
         return None
     observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
     if serving.at_rate.overloaded:
@@ -384,6 +386,23 @@ def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str]
     if served is not None and served.overloaded:
         return observed, f"the real server fell behind at the rate (it completed {served.achieved_rps:.4g} req/s)"
     return observed, ""
+
+
+def _met_above(serving: ServingResult, rate_rps: float, budget_ms: float | None) -> bool:
+    """Whether the real runs at the highest rate within budget show `budget_ms` met at `rate_rps`: at a rate at least
+    as high, under a budget at most as long (what met 10 ms meets 20 ms, not 6 ms)."""
+    swept = serving.budget_ms
+    tight_enough = budget_ms is None or (swept is not None and within(swept, budget_ms))
+    return tight_enough and served_above(serving.max_rate_rps, rate_rps)
+
+
+def _met_looser(serving: ServingResult, rate_rps: float, budget_ms: float) -> str:
+    """Where the sweep's real runs at a rate at least `rate_rps` met a looser budget than `budget_ms`, saying so ('':
+    none did)."""
+    swept = serving.budget_ms
+    if swept is None or within(swept, budget_ms) or not served_above(serving.max_rate_rps, rate_rps):
+        return ""
+    return f"; the runs above it met the {swept:g} ms budget swept, not {budget_ms:g} ms"
 
 
 def _undecided(serving: ServingResult) -> str:

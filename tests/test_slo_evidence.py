@@ -1,0 +1,44 @@
+"""What a judged SLO figure rests on: real runs that met another budget than the one judged stand for nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from test_slo import GATE, SLO, _load, _results
+
+from qbench.gate import EXIT_UNUSABLE, evaluate_gate
+from qbench.recipe_slo import SloSpec
+from qbench.slo import judge_slo
+
+PAIR = [("int8-ok", "onnxruntime-cpu")]
+
+
+def _met_above_only(simulated_p99_ms: float):
+    """int8-ok swept under a 10 ms budget: no real run at the budget's 100 req/s, two at 150 req/s met 10 ms."""
+    results = _results()
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    variant = replace(ok, serving=replace(ok.serving, served_at_rate=None, max_rate_rps=150.0,
+                                          at_rate=_load(simulated_p99_ms)))  # fmt: skip
+    return replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
+
+
+def test_real_runs_that_met_a_looser_budget_do_not_stand_for_a_tightened_one():
+    """Tightened from 10 to 6 ms since the sweep: the runs at 150 req/s showed p99 <= 10 ms, not <= 6 ms, so the
+    simulated 5.5 ms alone is no pass (it was one); the gate cannot judge it (exit 2) and says why."""
+    results = _met_above_only(5.5)
+    tight = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 6.0})
+    judgements, problems = judge_slo(results, tight, PAIR, [1, 32])
+    assert judgements == []
+    assert problems == [
+        "int8-ok@onnxruntime-cpu: SLO: no real run at or above the budget rate met or missed it (served_at_rate, "
+        "max_rate_rps; the runs above it met the 10 ms budget swept, not 6 ms): re-run `qbench sweep` with this slo "
+        "section"]  # fmt: skip
+    assert evaluate_gate(results, GATE, slo=tight).exit_code == EXIT_UNUSABLE
+
+
+def test_real_runs_that_met_a_tighter_budget_stand_for_a_loosened_one():
+    """Loosened from 10 to 12 ms: what met 10 ms at 150 req/s meets 12 ms; judged on the simulation at 100 req/s."""
+    results = _met_above_only(11.0)
+    loose = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 12.0})
+    judgements, problems = judge_slo(results, loose, PAIR, [1, 32])
+    assert not problems and [(j.status, j.observed_ms) for j in judgements] == [("pass", 11.0)]
