@@ -14,7 +14,7 @@ from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
-from qbench.slo import SLO_SCOPE, instance_rate_rps, p99_basis, p99_under_load
+from qbench.slo import SLO_SCOPE, instances_at_rate, p99_basis, p99_under_load
 from qbench.validate.catalogue import within
 from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 
@@ -208,8 +208,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         else:
             cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
             rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
-            if choice.usd_per_million_at_rate is not None and rate:
-                instances = math.ceil(rate / (instance_rate_rps(choice.variant.serving) or choice.max_rate_rps))
+            instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
+            if choice.usd_per_million_at_rate is not None and rate and instances:
                 cost += (f" there; ${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
                          f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
             lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "

@@ -16,8 +16,11 @@
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
                               the budget (null: none tried did), its real figures, the real runs tried
+      split_instances         where one instance does not serve the budget's rate within budget: the fewest whole
+                              instances, from ceil(rate / max_rate) up, at whose share of the rate the simulation
+                              showed the p99 within budget (0: none of those tried; null: not needed or not swept)
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ..., "at_rate": ...} (at_rate: the budget's rate
-                              on the ceil(rate / max_rate) instances it takes; with a rate budget only)
+                              on the instances it takes (qbench.slo.instances_at_rate); with a rate budget only)
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
               overloaded, keep_up_undecided
@@ -84,6 +87,7 @@ class ServingResult:
     simulated_requests: int = 0
     simulated_undecided: bool = False
     served_runs: int = 0
+    split_instances: int | None = None
     price_per_hour: float | None = None
     usd_per_million: dict[str, float] = field(default_factory=dict)
     bound: BoundEstimate | None = None
@@ -134,6 +138,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         simulated_requests=int(raw.get("simulated_requests", 0)),
         simulated_undecided=bool(raw.get("simulated_undecided", False)),
         served_runs=int(raw.get("served_runs", 0)),
+        split_instances=None if raw.get("split_instances") is None else int(raw["split_instances"]),
         price_per_hour=_price(raw.get("price_per_hour"), f"{where}.price_per_hour"),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
         bound=BoundEstimate(**known_fields(bound, BoundEstimate, f"{where}.bound")) if bound is not None else None,

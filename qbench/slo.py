@@ -23,6 +23,7 @@ from qbench.results_serving import ServingResult
 from qbench.validate.catalogue import within
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
+from qbench.validate.tail import Verdict
 
 if TYPE_CHECKING:  # the measuring side's types; its modules (which load pandas) are imported where it measures, so
     # that judging and pricing (`qbench gate`, `qbench report`) load none of them
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # the measuring side's types; its modules (which load pandas)
     from qbench.data.text import Padding
     from qbench.validate.clock import PhaseClock
     from qbench.validate.latency import BatcherSamples
-    from qbench.validate.load import MeasuredServiceTimes
+    from qbench.validate.load import LoadReplay, MeasuredServiceTimes
     from qbench.validate.serve import RealServer
 
 SLO_SCOPE = "slo"
@@ -85,28 +86,61 @@ def serving_figures(
 
 def priced(serving: ServingResult, price: float | None, points: Sequence[LatencyPoint]) -> ServingResult:
     """`serving` with its costs per million computed from `price` (USD per hour; None: no price, no costs) and its
-    own rates: each timed batch size's throughput (`points`), its highest rate within budget and the budget's rate."""
+    own rates: each timed batch size's throughput (`points`), its highest rate within budget and the budget's rate
+    on the instances it takes (`instances_at_rate`)."""
     if price is None:
         return replace(serving, price_per_hour=None, usd_per_million={})
     costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
     if serving.max_rate_rps is not None:
         costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
         if serving.rate_rps:
-            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instance_rate_rps(serving))
+            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instances_at_rate(serving))
     return replace(serving, price_per_hour=price, usd_per_million=costs)
 
 
-def instance_rate_rps(serving: ServingResult) -> float | None:
-    """The rate one instance is loaded to when serving the budget's rate: the highest rate within budget, or the
-    budget's rate itself where one instance meets the budget there (`p99_under_load`, as the gate judges it): the
-    served search's two short runs can stop below a rate a real run at the budget's rate met (783 req/s claimed
-    beside a pass at 1,873 req/s on one instance, priced as 3)."""
-    rate, budget, highest = serving.rate_rps, serving.budget_ms, serving.max_rate_rps
-    if highest is None or not rate or budget is None or highest >= rate:
-        return highest
-    judged = p99_under_load(serving, rate)
-    met = judged is not None and within(judged[0], budget) and not judged[1] and not _undecided(serving)
-    return rate if met else highest
+def instances_at_rate(serving: ServingResult) -> int | None:
+    """The whole instances that serve the budget's rate within the budget (None: no count is known to): one where
+    one instance meets the budget there (`p99_under_load`, as the gate judges it: the served search's two short runs
+    can stop below a rate a real run at the budget's rate met, 783 req/s claimed beside a pass at 1,873 req/s on one
+    instance, priced as 3); else the sweep's `split_instances`, counted from ceil(rate / highest rate within budget)
+    up. Not that ceil alone: each instance then serves less than the highest rate, and with a queue delay a lower
+    rate can miss a budget a higher one meets (a batch of 8 in 1 ms with a 10 ms delay meets 4 ms from about 4,000
+    to 6,937 req/s: 7,500 req/s was priced on 2 instances, each at 3,750 req/s with a p99 of 4.3 ms). None also
+    where the highest rate is at least the budget's yet one instance misses it there."""
+    rate, highest = serving.rate_rps, serving.max_rate_rps
+    if not rate or highest is None:
+        return None
+    if _met_at_rate(serving):
+        return 1
+    if highest >= rate:
+        return None
+    return serving.split_instances or None
+
+
+def _met_at_rate(serving: ServingResult) -> bool:
+    """Whether one instance meets the budget swept at its rate, as the gate judges it."""
+    judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps else None
+    budget = serving.budget_ms
+    return (judged is not None and budget is not None and within(judged[0], budget) and not judged[1]
+            and not _undecided(serving))  # fmt: skip
+
+
+# instance counts tried from ceil(rate / highest rate within budget) up, for the budget's rate split over instances
+SPLITS_TRIED = 4
+
+
+def split_instances(serving: ServingResult, replay: LoadReplay, overhead_ms: float) -> int | None:
+    """Where one instance does not serve the budget's rate within budget but its highest rate within budget is below
+    the rate: the fewest of SPLITS_TRIED instance counts from ceil(rate / highest) up at whose share of the rate
+    `replay` shows the p99 within the budget (qbench.validate.load.LoadReplay.verdict), 0 when none is; None
+    where no split is needed or none can be priced (`instances_at_rate`)."""
+    rate, highest, budget = serving.rate_rps, serving.max_rate_rps, serving.budget_ms
+    if not rate or highest is None or budget is None or highest >= rate or _met_at_rate(serving):
+        return None
+    first = math.ceil(rate / highest)
+    shown = (n for n in range(first, first + SPLITS_TRIED)
+             if replay.verdict(rate / n, budget, overhead_ms=overhead_ms)[0] is Verdict.PASS)  # fmt: skip
+    return next(shown, 0)
 
 
 def repriced(results: SweepResults, cost: CostSpec | None) -> SweepResults:
@@ -237,13 +271,15 @@ def _with_load(
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
             served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))
-    return replace(
+    swept = replace(
         serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
         simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
         simulated_requests=search.requests, simulated_undecided=search.undecided,
         served_runs=served.runs if served else 0, **settings,
     )  # fmt: skip
+    with clock.within("simulation"):
+        return replace(swept, split_instances=split_instances(swept, replay, overhead))
 
 
 def served_above(max_rate_rps: float | None, rate_rps: float) -> bool:
