@@ -5,7 +5,10 @@
       transfer_ms_b1          GPU backends that time the device apart: host p50 - device p50 at batch 1 (copies)
       budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
                               the SLO and load settings the figures were simulated with (null without `slo:`)
-      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
+      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only), replayed on more requests
+                              while its p99 was neither shown within nor over the budget (qbench.validate.load_search.
+                              judge_rate)
+      at_rate_undecided       the most requests allowed still could not tell (no verdict on the rate rests on it)
       served_at_rate LoadStats
                               a real in-process server's figures at the SLO's rate_rps (rate budgets only)
       simulated_max_rate_rps, simulations, simulated_requests, simulated_undecided
@@ -79,6 +82,7 @@ class ServingResult:
     requests: int | None = None
     seed: int | None = None
     at_rate: LoadStats | None = None
+    at_rate_undecided: bool = False
     served_at_rate: LoadStats | None = None
     max_rate_rps: float | None = None
     at_max_rate: LoadStats | None = None
@@ -130,6 +134,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         requests=raw.get("requests"),
         seed=raw.get("seed"),
         at_rate=_load(raw.get("at_rate"), f"{where}.at_rate"),
+        at_rate_undecided=bool(raw.get("at_rate_undecided", False)),
         served_at_rate=_load(raw.get("served_at_rate"), f"{where}.served_at_rate"),
         max_rate_rps=_float(raw.get("max_rate_rps")),
         at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),

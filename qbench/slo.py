@@ -122,7 +122,7 @@ def _met_at_rate(serving: ServingResult) -> bool:
     judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps else None
     budget = serving.budget_ms
     return (judged is not None and budget is not None and within(judged[0], budget) and not judged[1]
-            and not _undecided(serving))  # fmt: skip
+            and not _undecided(serving) and not serving.at_rate_undecided)  # fmt: skip
 
 
 # instance counts tried from ceil(rate / highest rate within budget) up, for the budget's rate split over instances
@@ -250,7 +250,7 @@ def _with_load(
     A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing
     from qbench.validate.load import Batcher, Draws, LoadReplay
-    from qbench.validate.load_search import search_max_rate
+    from qbench.validate.load_search import judge_rate, search_max_rate
     from qbench.validate.serve import served_max_rate, settling_runs
 
     settings = load_settings(slo, backend, batch_sizes)
@@ -260,7 +260,8 @@ def _with_load(
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     hand_over_beside_timing()  # the MLflow logging held since the last measurement runs beside the simulation
     with clock.within("simulation"):
-        at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
+        at_rate, judged = (judge_rate(replay, budget.rate_rps, budget.p99_ms, overhead_ms=overhead) if budget.rate_rps
+                           else (None, None))  # fmt: skip
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     with clock.within("track"):  # waiting for it is MLflow's cost, not inference
         settle_before_timing()  # idle again before the real serving runs are timed
@@ -272,7 +273,8 @@ def _with_load(
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
             served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))
     swept = replace(
-        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
+        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
+        at_rate_undecided=judged is Verdict.UNDECIDED, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
         simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
         simulated_requests=search.requests, simulated_undecided=search.undecided,
@@ -356,6 +358,10 @@ def _judge_one(
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged
+        if within(observed, budget.p99_ms) and not behind and serving.at_rate_undecided:
+            return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
+                          f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "
+                          "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and _undecided(serving):
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "

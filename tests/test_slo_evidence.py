@@ -42,3 +42,23 @@ def test_real_runs_that_met_a_tighter_budget_stand_for_a_loosened_one():
     loose = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 12.0})
     judgements, problems = judge_slo(results, loose, PAIR, [1, 32])
     assert not problems and [(j.status, j.observed_ms) for j in judgements] == [("pass", 11.0)]
+
+
+def test_a_simulation_that_cannot_tell_whether_the_budgets_rate_is_within_budget_cannot_be_judged():
+    """Simulated and served p99 within the 10 ms budget, but the simulation at the budget's rate neither showed it
+    within nor over it at the most requests allowed: no pass (exit 2), one line saying why; a p99 over the budget is
+    a breach all the same."""
+    results = _results()
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    for p99, status in ((6.0, None), (12.0, "breach")):
+        variant = replace(ok, serving=replace(ok.serving, at_rate=_load(p99), at_rate_undecided=True))
+        judged = replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
+        judgements, problems = judge_slo(judged, SLO, PAIR, [1, 32])
+        if status is None:
+            assert not judgements and problems == [
+                "int8-ok@onnxruntime-cpu: SLO: the simulation at the budget's rate (100 req/s) cannot tell whether its "
+                "p99 is within the budget (5,000 simulated requests, near 1 % of them over it): budget a rate further "
+                "from the instance's capacity, or a looser p99"]  # fmt: skip
+            assert evaluate_gate(judged, GATE, slo=SLO).exit_code == EXIT_UNUSABLE
+        else:
+            assert [j.status for j in judgements] == [status] and not problems
