@@ -14,7 +14,7 @@ from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
-from qbench.slo import SLO_SCOPE, instances_at_rate, p99_basis, p99_under_load
+from qbench.slo import SLO_SCOPE, instances_at_rate, met_at_rate, p99_basis
 from qbench.validate.catalogue import within
 from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 
@@ -77,8 +77,7 @@ def _within_budget(variant: VariantResult) -> bool:
     if serving is None or serving.budget_ms is None:
         return False
     if serving.at_rate is not None:  # as the gate judges it: the worse of the simulation and the real server
-        judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps is not None else None
-        return judged is not None and within(judged[0], serving.budget_ms) and not judged[1]
+        return met_at_rate(serving)
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
     return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
 

@@ -110,15 +110,17 @@ def instances_at_rate(serving: ServingResult) -> int | None:
     rate, highest = serving.rate_rps, serving.max_rate_rps
     if not rate or highest is None:
         return None
-    if _met_at_rate(serving):
+    if met_at_rate(serving):
         return 1
     if highest >= rate:
         return None
     return serving.split_instances or None
 
 
-def _met_at_rate(serving: ServingResult) -> bool:
-    """Whether one instance meets the budget swept at its rate, as the gate judges it."""
+def met_at_rate(serving: ServingResult) -> bool:
+    """Whether one instance meets the budget swept at its rate, as the gate judges it: within the budget, keeping up,
+    and neither the real run nor the simulation there unable to tell (qbench.report_serving judges the reference,
+    which is never gated, by it)."""
     judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps else None
     budget = serving.budget_ms
     return (judged is not None and budget is not None and within(judged[0], budget) and not judged[1]
@@ -135,7 +137,7 @@ def split_instances(serving: ServingResult, replay: LoadReplay, overhead_ms: flo
     `replay` shows the p99 within the budget (qbench.validate.load.LoadReplay.verdict), 0 when none is; None
     where no split is needed or none can be priced (`instances_at_rate`)."""
     rate, highest, budget = serving.rate_rps, serving.max_rate_rps, serving.budget_ms
-    if not rate or highest is None or budget is None or highest >= rate or _met_at_rate(serving):
+    if not rate or highest is None or budget is None or highest >= rate or met_at_rate(serving):
         return None
     first = math.ceil(rate / highest)
     shown = (n for n in range(first, first + SPLITS_TRIED)

@@ -8,6 +8,7 @@ from test_slo import GATE, SLO, _load, _results
 
 from qbench.gate import EXIT_UNUSABLE, evaluate_gate
 from qbench.recipe_slo import SloSpec
+from qbench.report_serving import cheapest
 from qbench.slo import judge_slo
 
 PAIR = [("int8-ok", "onnxruntime-cpu")]
@@ -62,3 +63,16 @@ def test_a_simulation_that_cannot_tell_whether_the_budgets_rate_is_within_budget
             assert evaluate_gate(judged, GATE, slo=SLO).exit_code == EXIT_UNUSABLE
         else:
             assert [j.status for j in judgements] == [status] and not problems
+
+
+def test_the_reference_is_not_the_cheapest_where_its_budgets_rate_could_not_be_told():
+    """FP32, never gated, is judged by the report by the gate's own rule: within the budget at the rate, simulated and
+    served, yet the simulation or the real run there could not tell: not named the cheapest, however cheap (it was)."""
+    results = _results(int8_p99=9.0)
+    fp32 = results.find("fp32", "onnxruntime-cpu")
+    gate = evaluate_gate(results, GATE, slo=SLO)
+    met = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=_load(6.0), usd_per_million={"max_rate": 0.01})
+    untold = (replace(met, at_rate_undecided=True), replace(met, served_at_rate=replace(_load(6.0), keep_up_undecided="x")))
+    for serving, name in ((met, "fp32"), *((s, "int8-fast") for s in untold)):
+        judged = replace(results, variants=tuple(replace(v, serving=serving) if v is fp32 else v for v in results.variants))
+        assert cheapest(judged, gate).variant.variant == name
