@@ -136,8 +136,11 @@ def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[st
 
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
-    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has a rate,
-    else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate. None
+    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has the same
+    rate, else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate.
+    Per-backend budgets at different rates price different traffic: one instance of a $1/h machine at its 2,000 req/s
+    ($0.139 per million) was named cheaper than one of a $0.10/h machine at its 100 req/s ($0.278), which serves
+    either traffic for less (up to 400 req/s within budget: $0.0694 per million at 100 req/s and at 2,000). None
     also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`, `unrated`). At the highest
     rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance
     of either."""
@@ -146,7 +149,8 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     candidates = _candidates(results, gate)
     if not candidates:
         return None
-    at_rate = all(c.usd_per_million_at_rate is not None for c in candidates)
+    rates = {c.variant.serving.rate_rps for c in candidates if c.variant.serving is not None}
+    at_rate = len(rates) == 1 and all(c.usd_per_million_at_rate is not None for c in candidates)
 
     def cost(choice: Choice) -> float:
         value = choice.usd_per_million_at_rate if at_rate else choice.usd_per_million

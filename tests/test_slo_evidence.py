@@ -76,3 +76,32 @@ def test_the_reference_is_not_the_cheapest_where_its_budgets_rate_could_not_be_t
     for serving, name in ((met, "fp32"), *((s, "int8-fast") for s in untold)):
         judged = replace(results, variants=tuple(replace(v, serving=serving) if v is fp32 else v for v in results.variants))
         assert cheapest(judged, gate).variant.variant == name
+
+
+def test_per_backend_budgets_at_different_rates_are_ranked_at_their_highest_rates_not_their_own_traffic():
+    """int8-ok on a $0.10/h machine meets its 100 req/s budget up to 400 req/s; int8-fast on a $1/h one meets its
+    2,000 req/s budget up to 2,500. Priced at their own budgets' rates ($0.278 and $0.139 per million) int8-fast was
+    the cheapest, though int8-ok serves 100 req/s on one instance and 2,000 on five for less ($0.0694 per million
+    at either, its highest rate's cost, against $0.111)."""
+    from sweep_factory import make_sweep, make_variant
+    from test_slo import BUDGET_SIZES, _serving, _timed
+
+    from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
+
+    def priced(variant, price: float, rate: float, max_rate: float):
+        costs = {"max_rate": usd_per_million(price, max_rate), "at_rate": usd_per_million_at_rate(price, rate, 1)}
+        serving = replace(_serving(6.0, max_rate, 0.0), rate_rps=rate, at_rate=_load(6.0, rate),
+                          served_at_rate=_load(6.0, rate), price_per_hour=price, usd_per_million=costs)  # fmt: skip
+        return replace(variant, serving=serving)
+
+    slo = SloSpec.model_validate({**SLO.model_dump(), "backends": {"torch-cpu": {"p99_ms": 10.0, "rate_rps": 2000.0}}})
+    fp32 = replace(_timed(make_variant("fp32", "fp32")), serving=_serving(30.0, 50.0, 2.0))
+    ok = priced(_timed(make_variant("int8-ok", "int8")), 0.10, 100.0, 400.0)
+    fp32_torch = replace(_timed(make_variant("fp32", "fp32", backend="torch-cpu")), serving=_serving(30.0, 50.0, 2.0))
+    fast = priced(_timed(make_variant("int8-fast", "int8", backend="torch-cpu")), 1.00, 2000.0, 2500.0)
+    results = make_sweep([fp32, ok, fp32_torch, fast])
+    results = replace(results, recipe={**results.recipe, **BUDGET_SIZES})
+    gate = evaluate_gate(results, GATE, slo=slo)
+    assert {(c.variant, c.status) for c in gate.checks if c.scope == "slo"} == {("int8-ok", "pass"), ("int8-fast", "pass")}
+    assert fast.serving.usd_per_million["at_rate"] < ok.serving.usd_per_million["at_rate"]
+    assert cheapest(results, gate).variant.key == "int8-ok@onnxruntime-cpu"
