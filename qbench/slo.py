@@ -100,13 +100,11 @@ def priced(serving: ServingResult, price: float | None, points: Sequence[Latency
 
 def instances_at_rate(serving: ServingResult) -> int | None:
     """The whole instances that serve the budget's rate within the budget (None: no count is known to): one where
-    one instance meets the budget there (`p99_under_load`, as the gate judges it: the served search's two short runs
-    can stop below a rate a real run at the budget's rate met, 783 req/s claimed beside a pass at 1,873 req/s on one
-    instance, priced as 3); else the sweep's `split_instances`, counted from ceil(rate / highest rate within budget)
-    up. Not that ceil alone: each instance then serves less than the highest rate, and with a queue delay a lower
-    rate can miss a budget a higher one meets (a batch of 8 in 1 ms with a 10 ms delay meets 4 ms from about 4,000
-    to 6,937 req/s: 7,500 req/s was priced on 2 instances, each at 3,750 req/s with a p99 of 4.3 ms). None also
-    where the highest rate is at least the budget's yet one instance misses it there."""
+    one instance meets it there (`met_at_rate`: the served search can stop below a rate a real run at the budget's
+    rate met, 783 req/s claimed beside a pass at 1,873 req/s, priced as 3); else the sweep's `split_instances`,
+    from ceil(rate / highest rate within budget) up, not that ceil alone: with a queue delay a lower rate can miss a
+    budget a higher one meets (8 rows in 1 ms, 10 ms delay: 4 ms met from about 4,000 to 6,937 req/s; 7,500 req/s
+    was priced on 2 instances at 3,750 req/s each, p99 4.3 ms). None where one instance misses the rate it exceeds."""
     rate, highest = serving.rate_rps, serving.max_rate_rps
     if not rate or highest is None:
         return None
@@ -360,6 +358,11 @@ def _judge_one(
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged
+        swept = serving.budget_ms if serving.budget_ms is not None else math.nan  # none recorded: nothing was shown
+        if within(observed, budget.p99_ms) and not behind and not within(swept, budget.p99_ms):
+            return None, (f"the sweep showed the simulated p99 at the budget's rate within {swept:g} ms, "
+                          f"the budget it was swept with, not {budget.p99_ms:g} ms: re-run `qbench sweep` with this slo "
+                          "section")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and serving.at_rate_undecided:
             return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
                           f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "

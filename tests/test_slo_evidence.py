@@ -105,3 +105,20 @@ def test_per_backend_budgets_at_different_rates_are_ranked_at_their_highest_rate
     assert {(c.variant, c.status) for c in gate.checks if c.scope == "slo"} == {("int8-ok", "pass"), ("int8-fast", "pass")}
     assert fast.serving.usd_per_million["at_rate"] < ok.serving.usd_per_million["at_rate"]
     assert cheapest(results, gate).variant.key == "int8-ok@onnxruntime-cpu"
+
+
+def test_a_pass_under_a_budget_tightened_since_the_sweep_cannot_be_judged_and_a_breach_stands():
+    """Simulated and served at 100 req/s with p99 5.5 ms, swept against 10 ms (its share over 10 ms bounded, not over
+    6 ms): under 6 ms now, no pass (exit 2); under 5 ms, a breach on the figures themselves."""
+    results = _results()
+    ok = results.find("int8-ok", "onnxruntime-cpu")
+    variant = replace(ok, serving=replace(ok.serving, at_rate=_load(5.5), served_at_rate=_load(5.5)))
+    results = replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
+    tight = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 6.0})
+    judgements, problems = judge_slo(results, tight, PAIR, [1, 32])
+    assert not judgements and problems == [
+        "int8-ok@onnxruntime-cpu: SLO: the sweep showed the simulated p99 at the budget's rate within 10 ms, the budget "
+        "it was swept with, not 6 ms: re-run `qbench sweep` with this slo section"]  # fmt: skip
+    tighter = SloSpec.model_validate({**SLO.model_dump(), "p99_ms": 5.0})
+    judgements, problems = judge_slo(results, tighter, PAIR, [1, 32])
+    assert not problems and [(j.status, j.observed_ms) for j in judgements] == [("breach", 5.5)]
