@@ -45,7 +45,6 @@ from qbench.startup import uncollected_setup
 from qbench.supervisor import address_space_note, supervised
 
 if TYPE_CHECKING:
-    from qbench.recipe import Recipe
     from qbench.results import SweepResults
 
 app = typer.Typer(
@@ -130,7 +129,9 @@ def sweep(
 
             loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
             if plan:
-                _print_plan(loaded, rerun_failed=rerun_failed)
+                from qbench.cli_plan import print_plan
+
+                print_plan(loaded, rerun_failed=rerun_failed)
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
@@ -163,33 +164,6 @@ def _measured_everything(results: SweepResults) -> int:
     print_error(f"{len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
                 f"{first.key}: {one_line(first.error)}")  # fmt: skip
     return EXIT_ERROR
-
-
-def _print_plan(recipe: Recipe, *, rerun_failed: bool) -> None:
-    from rich.table import Table
-
-    from qbench.execute.overview import plan_overview
-    from qbench.execute.resume import NEW, RERUN, REUSE
-    from qbench.execute.store import build_store
-
-    overview = plan_overview(recipe, build_store(recipe), rerun_failed=rerun_failed)
-    resume = "--resume --rerun-failed" if rerun_failed else "--resume"
-    table = Table(box=None, pad_edge=False)
-    for column in ("job", "needs", "after", resume, "why"):
-        table.add_column(column)
-    for row in overview.rows:
-        table.add_row(escape(row.job), row.needs, escape(row.after), row.resume.action, escape(row.resume.why))
-    out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor {escape(overview.executor)}, "
-              f"builds stored in {escape(overview.store)}")  # fmt: skip
-    print_wide(table, out)
-    if overview.refused:
-        out.print(escape(f"{overview.refused} (the column says what it would reuse from the build store alone)"))
-        return
-    counts = ", ".join(f"{overview.count(action)} {action}" for action in (REUSE, RERUN, NEW))
-    taken = f"takes up {overview.resumable}" if overview.resumable else "takes up no run (only builds in the store)"
-    out.print(escape(f"`qbench sweep {resume}` {taken}: of {len(overview.rows)} jobs, {counts}"))
-    for line in overview.changes:
-        out.print(escape(line))
 
 
 @app.command()

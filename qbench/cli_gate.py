@@ -244,7 +244,7 @@ def _print_verdict(report: GateReport, *, verbose: bool) -> None:
             out.print(line, style="red", markup=False, highlight=False)
     summary = gate_report.summary_line(report)
     out.print(summary, style="green" if report.exit_code == 0 else "bold red", markup=False, highlight=False)
-    if report.exit_code != 0:  # unusable results: the summary line counts the problems, the annotation names some
+    if report.exit_code != 0:  # a breach or unusable results: the annotation names the first problems, if any
         more = [f"{len(report.problems) - 3} more in the log"] if len(report.problems) > 3 else []
         annotate_error("qbench gate", "; ".join([summary, *report.problems[:3], *more]))
 

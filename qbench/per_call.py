@@ -33,7 +33,7 @@ def session_per_call_inputs(session: object) -> frozenset[str]:
 def per_call_value(name: str, values: np.ndarray) -> np.ndarray:
     """The one value per-call input `name` is fed, shape [1], from its rows' values; QbenchError where they differ."""
     array = np.asarray(values)
-    if len(array) > 1 and not (array == array[0]).all():
+    if len(array) > 1 and not _all_alike(array):
         distinct = np.unique(array)
         shown = ", ".join(map(str, distinct[:3])) + (", ..." if len(distinct) > 3 else "")
         raise QbenchError(f"model input {name!r} [1] takes one value per call beside inputs with a dynamic batch, but "
@@ -48,3 +48,11 @@ def fed_per_call(feeds: Mapping[str, np.ndarray], names: Collection[str]) -> Map
     if not names:
         return feeds
     return {name: per_call_value(name, values) if name in names else values for name, values in feeds.items()}
+
+
+def _all_alike(array: np.ndarray) -> bool:
+    """Whether every row holds the first row's value, NaN alike with NaN (a column kept with NaN: nonfinite_inputs)."""
+    alike = array == array[0]
+    if array.dtype.kind in "fc":
+        alike |= np.isnan(array) & np.isnan(array[0])
+    return bool(np.all(alike))

@@ -14,7 +14,7 @@ from qbench.gate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
 from qbench.report_grid import Grid, rate_within
 from qbench.results import EMULATED, SweepResults, VariantResult
 from qbench.results_serving import ServingResult
-from qbench.slo import SLO_SCOPE, instance_rate_rps, p99_basis, p99_under_load
+from qbench.slo import SLO_SCOPE, instances_at_rate, met_at_rate, p99_basis
 from qbench.validate.catalogue import within
 from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 
@@ -77,8 +77,7 @@ def _within_budget(variant: VariantResult) -> bool:
     if serving is None or serving.budget_ms is None:
         return False
     if serving.at_rate is not None:  # as the gate judges it: the worse of the simulation and the real server
-        judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps is not None else None
-        return judged is not None and within(judged[0], serving.budget_ms) and not judged[1]
+        return met_at_rate(serving)
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
     return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
 
@@ -137,8 +136,11 @@ def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[st
 
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
-    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has a rate,
-    else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate. None
+    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has the same
+    rate, else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate.
+    Per-backend budgets at different rates price different traffic: one instance of a $1/h machine at its 2,000 req/s
+    ($0.139 per million) was named cheaper than one of a $0.10/h machine at its 100 req/s ($0.278), which serves
+    either traffic for less (up to 400 req/s within budget: $0.0694 per million at 100 req/s and at 2,000). None
     also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`, `unrated`). At the highest
     rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance
     of either."""
@@ -147,7 +149,8 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     candidates = _candidates(results, gate)
     if not candidates:
         return None
-    at_rate = all(c.usd_per_million_at_rate is not None for c in candidates)
+    rates = {c.variant.serving.rate_rps for c in candidates if c.variant.serving is not None}
+    at_rate = len(rates) == 1 and all(c.usd_per_million_at_rate is not None for c in candidates)
 
     def cost(choice: Choice) -> float:
         value = choice.usd_per_million_at_rate if at_rate else choice.usd_per_million
@@ -208,8 +211,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         else:
             cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
             rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
-            if choice.usd_per_million_at_rate is not None and rate:
-                instances = math.ceil(rate / (instance_rate_rps(choice.variant.serving) or choice.max_rate_rps))
+            instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
+            if choice.usd_per_million_at_rate is not None and rate and instances:
                 cost += (f" there; ${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
                          f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
             lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "

@@ -57,6 +57,9 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("keep_up_bound", "each real serving run's keep_up_undecided (kept up as the capacity its batches bound "
              "shows, not as completions within 5 % of the arrivals' span)", "the SLO's real runs at the budget's rate "
              "and at the highest rate served (a run that cannot tell whether one instance keeps up)", slo=True),
+    Evidence("at_rate_bound", "each serving's at_rate_undecided (the simulated p99 at the budget's rate shown within "
+             "it by the share over it up to its confidence bound, confirmed on 4x the requests, not by one replay's "
+             "p99)", "the SLO's simulated p99 at the budget's rate", slo=True),
 )}  # fmt: skip
 
 RECORDED: tuple[str, ...] = tuple(EVIDENCE)

@@ -5,7 +5,10 @@
       transfer_ms_b1          GPU backends that time the device apart: host p50 - device p50 at batch 1 (copies)
       budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
                               the SLO and load settings the figures were simulated with (null without `slo:`)
-      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only)
+      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only), replayed on more requests
+                              while its p99 was neither shown within nor over the budget (qbench.validate.load_search.
+                              judge_rate)
+      at_rate_undecided       the most requests allowed still could not tell (no verdict on the rate rests on it)
       served_at_rate LoadStats
                               a real in-process server's figures at the SLO's rate_rps (rate budgets only)
       simulated_max_rate_rps, simulations, simulated_requests, simulated_undecided
@@ -16,8 +19,11 @@
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
                               the budget (null: none tried did), its real figures, the real runs tried
+      split_instances         where one instance does not serve the budget's rate within budget: the fewest whole
+                              instances, from ceil(rate / max_rate) up, at whose share of the rate the simulation
+                              showed the p99 within budget (0: none of those tried; null: not needed or not swept)
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ..., "at_rate": ...} (at_rate: the budget's rate
-                              on the ceil(rate / max_rate) instances it takes; with a rate budget only)
+                              on the instances it takes (qbench.slo.instances_at_rate); with a rate budget only)
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
               overloaded, keep_up_undecided
@@ -76,6 +82,7 @@ class ServingResult:
     requests: int | None = None
     seed: int | None = None
     at_rate: LoadStats | None = None
+    at_rate_undecided: bool = False
     served_at_rate: LoadStats | None = None
     max_rate_rps: float | None = None
     at_max_rate: LoadStats | None = None
@@ -84,6 +91,7 @@ class ServingResult:
     simulated_requests: int = 0
     simulated_undecided: bool = False
     served_runs: int = 0
+    split_instances: int | None = None
     price_per_hour: float | None = None
     usd_per_million: dict[str, float] = field(default_factory=dict)
     bound: BoundEstimate | None = None
@@ -126,6 +134,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         requests=raw.get("requests"),
         seed=raw.get("seed"),
         at_rate=_load(raw.get("at_rate"), f"{where}.at_rate"),
+        at_rate_undecided=bool(raw.get("at_rate_undecided", False)),
         served_at_rate=_load(raw.get("served_at_rate"), f"{where}.served_at_rate"),
         max_rate_rps=_float(raw.get("max_rate_rps")),
         at_max_rate=_load(raw.get("at_max_rate"), f"{where}.at_max_rate"),
@@ -134,6 +143,7 @@ def serving_from_dict(raw: dict[str, Any] | None, where: str = "serving") -> Ser
         simulated_requests=int(raw.get("simulated_requests", 0)),
         simulated_undecided=bool(raw.get("simulated_undecided", False)),
         served_runs=int(raw.get("served_runs", 0)),
+        split_instances=None if raw.get("split_instances") is None else int(raw["split_instances"]),
         price_per_hour=_price(raw.get("price_per_hour"), f"{where}.price_per_hour"),
         usd_per_million={k: (math.nan if v is None else float(v)) for k, v in raw.get("usd_per_million", {}).items()},
         bound=BoundEstimate(**known_fields(bound, BoundEstimate, f"{where}.bound")) if bound is not None else None,

@@ -23,6 +23,7 @@ from qbench.results_serving import ServingResult
 from qbench.validate.catalogue import within
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
+from qbench.validate.tail import Verdict
 
 if TYPE_CHECKING:  # the measuring side's types; its modules (which load pandas) are imported where it measures, so
     # that judging and pricing (`qbench gate`, `qbench report`) load none of them
@@ -30,7 +31,7 @@ if TYPE_CHECKING:  # the measuring side's types; its modules (which load pandas)
     from qbench.data.text import Padding
     from qbench.validate.clock import PhaseClock
     from qbench.validate.latency import BatcherSamples
-    from qbench.validate.load import MeasuredServiceTimes
+    from qbench.validate.load import LoadReplay, MeasuredServiceTimes
     from qbench.validate.serve import RealServer
 
 SLO_SCOPE = "slo"
@@ -85,28 +86,61 @@ def serving_figures(
 
 def priced(serving: ServingResult, price: float | None, points: Sequence[LatencyPoint]) -> ServingResult:
     """`serving` with its costs per million computed from `price` (USD per hour; None: no price, no costs) and its
-    own rates: each timed batch size's throughput (`points`), its highest rate within budget and the budget's rate."""
+    own rates: each timed batch size's throughput (`points`), its highest rate within budget and the budget's rate
+    on the instances it takes (`instances_at_rate`)."""
     if price is None:
         return replace(serving, price_per_hour=None, usd_per_million={})
     costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
     if serving.max_rate_rps is not None:
         costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
         if serving.rate_rps:
-            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instance_rate_rps(serving))
+            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instances_at_rate(serving))
     return replace(serving, price_per_hour=price, usd_per_million=costs)
 
 
-def instance_rate_rps(serving: ServingResult) -> float | None:
-    """The rate one instance is loaded to when serving the budget's rate: the highest rate within budget, or the
-    budget's rate itself where one instance meets the budget there (`p99_under_load`, as the gate judges it): the
-    served search's two short runs can stop below a rate a real run at the budget's rate met (783 req/s claimed
-    beside a pass at 1,873 req/s on one instance, priced as 3)."""
-    rate, budget, highest = serving.rate_rps, serving.budget_ms, serving.max_rate_rps
-    if highest is None or not rate or budget is None or highest >= rate:
-        return highest
-    judged = p99_under_load(serving, rate)
-    met = judged is not None and within(judged[0], budget) and not judged[1] and not _undecided(serving)
-    return rate if met else highest
+def instances_at_rate(serving: ServingResult) -> int | None:
+    """The whole instances that serve the budget's rate within the budget (None: no count is known to): one where
+    one instance meets it there (`met_at_rate`: the served search can stop below a rate a real run at the budget's
+    rate met, 783 req/s claimed beside a pass at 1,873 req/s, priced as 3); else the sweep's `split_instances`,
+    from ceil(rate / highest rate within budget) up, not that ceil alone: with a queue delay a lower rate can miss a
+    budget a higher one meets (8 rows in 1 ms, 10 ms delay: 4 ms met from about 4,000 to 6,937 req/s; 7,500 req/s
+    was priced on 2 instances at 3,750 req/s each, p99 4.3 ms). None where one instance misses the rate it exceeds."""
+    rate, highest = serving.rate_rps, serving.max_rate_rps
+    if not rate or highest is None:
+        return None
+    if met_at_rate(serving):
+        return 1
+    if highest >= rate:
+        return None
+    return serving.split_instances or None
+
+
+def met_at_rate(serving: ServingResult) -> bool:
+    """Whether one instance meets the budget swept at its rate, as the gate judges it: within the budget, keeping up,
+    and neither the real run nor the simulation there unable to tell (qbench.report_serving judges the reference,
+    which is never gated, by it)."""
+    judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps else None
+    budget = serving.budget_ms
+    return (judged is not None and budget is not None and within(judged[0], budget) and not judged[1]
+            and not _undecided(serving) and not serving.at_rate_undecided)  # fmt: skip
+
+
+# instance counts tried from ceil(rate / highest rate within budget) up, for the budget's rate split over instances
+SPLITS_TRIED = 4
+
+
+def split_instances(serving: ServingResult, replay: LoadReplay, overhead_ms: float) -> int | None:
+    """Where one instance does not serve the budget's rate within budget but its highest rate within budget is below
+    the rate: the fewest of SPLITS_TRIED instance counts from ceil(rate / highest) up at whose share of the rate
+    `replay` shows the p99 within the budget (qbench.validate.load.LoadReplay.verdict), 0 when none is; None
+    where no split is needed or none can be priced (`instances_at_rate`)."""
+    rate, highest, budget = serving.rate_rps, serving.max_rate_rps, serving.budget_ms
+    if not rate or highest is None or budget is None or highest >= rate or met_at_rate(serving):
+        return None
+    first = math.ceil(rate / highest)
+    shown = (n for n in range(first, first + SPLITS_TRIED)
+             if replay.verdict(rate / n, budget, overhead_ms=overhead_ms)[0] is Verdict.PASS)  # fmt: skip
+    return next(shown, 0)
 
 
 def repriced(results: SweepResults, cost: CostSpec | None) -> SweepResults:
@@ -216,7 +250,7 @@ def _with_load(
     A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing
     from qbench.validate.load import Batcher, Draws, LoadReplay
-    from qbench.validate.load_search import search_max_rate
+    from qbench.validate.load_search import judge_rate, search_max_rate
     from qbench.validate.serve import served_max_rate, settling_runs
 
     settings = load_settings(slo, backend, batch_sizes)
@@ -226,7 +260,8 @@ def _with_load(
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
     hand_over_beside_timing()  # the MLflow logging held since the last measurement runs beside the simulation
     with clock.within("simulation"):
-        at_rate = replay.at(budget.rate_rps, overhead_ms=overhead) if budget.rate_rps else None
+        at_rate, judged = (judge_rate(replay, budget.rate_rps, budget.p99_ms, overhead_ms=overhead) if budget.rate_rps
+                           else (None, None))  # fmt: skip
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     with clock.within("track"):  # waiting for it is MLflow's cost, not inference
         settle_before_timing()  # idle again before the real serving runs are timed
@@ -237,13 +272,16 @@ def _with_load(
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
             served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))
-    return replace(
-        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate, served_at_rate=served_at_rate,
+    swept = replace(
+        serving, budget_ms=budget.p99_ms, batch_size=budget.batch_size, at_rate=at_rate,
+        at_rate_undecided=judged is Verdict.UNDECIDED, served_at_rate=served_at_rate,
         max_rate_rps=served.max_rate_rps if served else None, at_max_rate=served.at_max if served else None,
         simulated_max_rate_rps=search.max_rate_rps, simulations=search.simulations,
         simulated_requests=search.requests, simulated_undecided=search.undecided,
         served_runs=served.runs if served else 0, **settings,
     )  # fmt: skip
+    with clock.within("simulation"):
+        return replace(swept, split_instances=split_instances(swept, replay, overhead))
 
 
 def served_above(max_rate_rps: float | None, rate_rps: float) -> bool:
@@ -312,14 +350,23 @@ def _judge_one(
     if budget.rate_rps is not None:
         if serving is None or serving.at_rate is None:
             return None, "no load figure at the budget rate: re-run `qbench sweep` with this slo section"
-        judged = p99_under_load(serving, budget.rate_rps)
+        judged = p99_under_load(serving, budget.rate_rps, budget.p99_ms)
         if judged is None:
-            return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps): "
-                          "re-run `qbench sweep` with this slo section")  # fmt: skip
+            return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps"
+                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): re-run `qbench sweep` with this slo section")  # fmt: skip
         recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged
+        swept = serving.budget_ms if serving.budget_ms is not None else math.nan  # its share over it was bounded
+        shown = within(swept, budget.p99_ms) and within(serving.at_rate.p99_ms, swept)
+        if within(observed, budget.p99_ms) and not behind and not shown:
+            return None, (f"the sweep judged the simulated p99 at the budget's rate against {swept:g} ms, the budget "
+                          f"it was swept with, not {budget.p99_ms:g} ms: re-run `qbench sweep` with this slo section")
+        if within(observed, budget.p99_ms) and not behind and serving.at_rate_undecided:
+            return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
+                          f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "
+                          "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and _undecided(serving):
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "
@@ -369,14 +416,16 @@ def _remedy(result: VariantResult) -> str:
     return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
 
 
-def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str] | None:
+def p99_under_load(serving: ServingResult, rate_rps: float, budget_ms: float | None = None) -> tuple[float, str] | None:
     """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and, when the instance
     fell behind there (a breach whatever that p99: its queue grows), why ('' when it kept up): the worse of the simulation and the real server's run at the rate (the simulation models no
-    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget;
+    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget
+    (`budget_ms`, the one judged now; None: the one swept): runs that met a looser budget at the sweep stand for none
+    (a budget tightened from 10 to 6 ms since was judged on the simulated 5.5 ms alone, a pass);
     None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
     it, and the report the reference, which is never gated (qbench.report_serving.cheapest)."""
     served = serving.served_at_rate
-    if serving.at_rate is None or (served is None and not served_above(serving.max_rate_rps, rate_rps)):
+    if serving.at_rate is None or (served is None and not _met_above(serving, rate_rps, budget_ms)):
         return None
     observed = float(np.max([serving.at_rate.p99_ms, served.p99_ms if served else -math.inf]))  # NaN: NaN
     if serving.at_rate.overloaded:
@@ -384,6 +433,23 @@ def p99_under_load(serving: ServingResult, rate_rps: float) -> tuple[float, str]
     if served is not None and served.overloaded:
         return observed, f"the real server fell behind at the rate (it completed {served.achieved_rps:.4g} req/s)"
     return observed, ""
+
+
+def _met_above(serving: ServingResult, rate_rps: float, budget_ms: float | None) -> bool:
+    """Whether the real runs at the highest rate within budget show `budget_ms` met at `rate_rps`: at a rate at least
+    as high, under a budget at most as long (what met 10 ms meets 20 ms, not 6 ms)."""
+    swept = serving.budget_ms
+    tight_enough = budget_ms is None or (swept is not None and within(swept, budget_ms))
+    return tight_enough and served_above(serving.max_rate_rps, rate_rps)
+
+
+def _met_looser(serving: ServingResult, rate_rps: float, budget_ms: float) -> str:
+    """Where the sweep's real runs at a rate at least `rate_rps` met a looser budget than `budget_ms`, saying so ('':
+    none did)."""
+    swept = serving.budget_ms
+    if swept is None or within(swept, budget_ms) or not served_above(serving.max_rate_rps, rate_rps):
+        return ""
+    return f"; the runs above it met the {swept:g} ms budget swept, not {budget_ms:g} ms"
 
 
 def _undecided(serving: ServingResult) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -56,14 +55,18 @@ from qbench.track_models import link_variant_model, log_variant_model, logged_mo
 from qbench.track_store import (
     FAILURE_CHARS,
     RUN_DIR_TAG,
+    after_logged,
     bounded_retries,
+    end_time,
     is_server,
+    now_ms,
     open_experiment,
     search_literal,
     store_failure,
 )
 from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_system import SystemSampler
+from qbench.track_upload import files_to_upload, upload_all
 from qbench.track_uri import resolve_tracking_uri
 
 T = TypeVar("T")
@@ -93,17 +96,18 @@ def _batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[
 
 
 def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params: Mapping[str, str],
-         tags: Mapping[str, str], model_id: str | None = None) -> None:  # fmt: skip
-    """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them.
+         tags: Mapping[str, str], model_id: str | None = None, at: tuple[int, int] | None = None) -> None:  # fmt: skip
+    """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them. The metrics
+    go at step 0, now, or `at` (step, time stamp in ms: track_store.after_logged for a run that holds figures).
 
     With `model_id`, the headline metrics (MODEL_METRIC_GROUPS) are also the LoggedModel's, shown on its page in
     the UI; the rest (every slice's figures) stay on the run: the store writes each model metric a second time."""
-    now = int(time.time() * 1000)
+    step, now = at if at is not None else (0, now_ms())
     metrics = clean_keys(metrics)
     finite = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)}
     missing = sorted(k for k in metrics if k not in finite)
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
-    entries = [Metric(k, v, now, 0, model_id=model_id if k.startswith(MODEL_METRIC_GROUPS) else None)
+    entries = [Metric(k, v, now, step, model_id=model_id if k.startswith(MODEL_METRIC_GROUPS) else None)
                for k, v in finite.items()]  # fmt: skip
     for request in _batches(entries, [Param(k, v) for k, v in clean_keys(params).items()],
                             [RunTag(k, v) for k, v in clean_keys(all_tags).items()]):  # fmt: skip
@@ -128,11 +132,8 @@ def artifact_paths(recipe: Recipe, artifacts: Sequence[Path]) -> list[Path]:
 
 
 def _log_artifacts(client: MlflowClient, run_id: str, paths: Sequence[Path]) -> None:
-    for path in paths:
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path=path.name)
-        else:
-            client.log_artifact(run_id, str(path))
+    """The files (a folder: in a folder of its name) uploaded together (qbench.track_upload)."""
+    upload_all(lambda file, folder: client.log_artifact(run_id, file, folder), files_to_upload(paths))
 
 
 def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_uri: str, recipe: Recipe) -> None:
@@ -151,15 +152,11 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
     except Exception as exc:  # noqa: BLE001 - artifact stores raise their own types (ImportError, botocore's, ...)
         with contextlib.suppress(Exception):
             client.set_tag(run_id, GATE_TAG, "not evaluated (sweep failed: artifact store not writable)")
-            client.set_terminated(run_id, status="FAILED", end_time=_now_ms())
+            client.set_terminated(run_id, status="FAILED", end_time=now_ms())
         raise QbenchError(one_line(
             f"MLflow at {without_password(uri)} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
             f"({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with --serve-artifacts, give this "
             "machine access to that store, or use --no-track")) from exc  # fmt: skip
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def _system_sampler(first_step: int) -> SystemSampler | None:
@@ -198,6 +195,7 @@ class SweepTracker:
         self._models: dict[str, str] = {}  # variant -> LoggedModel id (logged once, linked from every backend)
         self._earlier: dict[str, Run] = {}  # variant@backend -> child run of the interrupted sweep this one resumes
         self._earlier_params: dict[str, str] = {}  # the params a finished sweep this one resumes logged (immutable)
+        self._taken_over: Run | None = None  # the parent run of the sweep this one resumes, as it was taken over
         self._datasets: DatasetInputs | None = None
         self._sampler: SystemSampler | None = None
         self._retries = contextlib.ExitStack()  # bounded HTTP retries while the sweep's runs are open
@@ -242,7 +240,7 @@ class SweepTracker:
         tracker = cls(client, uri, experiment_id, parent.info.run_id)
         tracker._retries = retries
         if earlier is not None:
-            tracker._earlier_params = dict(earlier.data.params)
+            tracker._taken_over, tracker._earlier_params = earlier, dict(earlier.data.params)
             tracker._earlier = tracker._mlflow(lambda: children_of(client, experiment_id, tracker.parent_id)) or {}
             logger.info("MLflow: resuming the interrupted sweep's run %s (%d variant runs logged there)",
                         tracker.parent_id, len(tracker._earlier))  # fmt: skip
@@ -265,7 +263,7 @@ class SweepTracker:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
             if replaced.info.status == "RUNNING":  # its sweep was killed (SIGKILL, out of memory) before it could end it
-                self._client.set_terminated(replaced.info.run_id, status="KILLED")
+                self._client.set_terminated(replaced.info.run_id, status="KILLED", end_time=end_time(replaced))
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
                 "qbench.backend": backend}  # fmt: skip
@@ -325,6 +323,10 @@ class SweepTracker:
             for request in _batches(samples, [], []):
                 self._client.log_batch(self.parent_id, **request)
 
+    def _end_time(self) -> int:
+        """The parent run's end: now, or its start where it was taken over from a machine whose clock is ahead."""
+        return end_time(self._taken_over) if self._taken_over is not None else now_ms()
+
     def _release(self) -> None:
         """Stop sampling system metrics (if still sampling: a failed store) and lift the bounded retries."""
         try:
@@ -346,7 +348,9 @@ class SweepTracker:
                 if variant.key not in self._children:  # results logged after the fact (log_sweep)
                     self._log_variant(results, variant, reused=False)
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
-            _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed)
+            at = after_logged(self._taken_over) if self._taken_over is not None else None  # after the first summary
+            _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed,
+                 at=at)  # fmt: skip
             log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
             _log_artifacts(self._client, self.parent_id, paths)
             if results.ranges is not None:
@@ -354,7 +358,7 @@ class SweepTracker:
             if results.search is not None:
                 self._client.log_text(self.parent_id, to_json(results.search), "search.json")
             self._log_system_metrics()
-            self._client.set_terminated(self.parent_id, status="FINISHED")
+            self._client.set_terminated(self.parent_id, status="FINISHED", end_time=self._end_time())
 
         self._mlflow(log)
         self._release()
@@ -368,11 +372,11 @@ class SweepTracker:
         """
         verdict = tag_value(f"not evaluated (sweep {reason})")
         calls: list[Callable[[], object]] = [
-            *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=_now_ms())
+            *(lambda r=run_id: self._client.set_terminated(r, status=status, end_time=now_ms())
               for run_id in self._running.values()),
             *(lambda r=run_id: self._client.set_tag(r, GATE_TAG, verdict) for run_id in self._children.values()),
             lambda: self._client.set_tag(self.parent_id, GATE_TAG, verdict),
-            lambda: self._client.set_terminated(self.parent_id, status=status, end_time=_now_ms()),
+            lambda: self._client.set_terminated(self.parent_id, status=status, end_time=self._end_time()),
             self._log_system_metrics,  # last: the runs' ends matter more, and a failed store stops the attempt
         ]  # fmt: skip
         self._running.clear()
@@ -433,7 +437,7 @@ def _end_killed_sweeps(client: MlflowClient, experiment_id: str, keep: str) -> N
         for ended in (*children_of(client, experiment_id, run.info.run_id).values(), run):
             client.set_tag(ended.info.run_id, GATE_TAG, verdict)
             if ended.info.status == "RUNNING":
-                client.set_terminated(ended.info.run_id, status="KILLED", end_time=_now_ms())
+                client.set_terminated(ended.info.run_id, status="KILLED", end_time=end_time(ended))
         logger.info("MLflow: ended the run %s of a killed sweep (%s) KILLED", run.info.run_id, folder)
 
 

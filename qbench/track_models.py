@@ -3,7 +3,7 @@
 The model is logged once per variant, from the child run of the first backend that measured it; the
 child runs of the other backends link to the same model as an output. The MLmodel folder is written
 by `mlflow.onnx.save_model` with explicit pip requirements (no dependency inference, no conda
-resolution), then uploaded to the LoggedModel's artifact location, so `models:/<model_id>` loads it.
+resolution), then uploaded to the LoggedModel's artifact location (its files together: qbench.track_upload), so `models:/<model_id>` loads it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,14 @@ import numpy as np
 from mlflow.entities import LoggedModelOutput, LoggedModelStatus
 from mlflow.exceptions import MlflowException
 from mlflow.models import Model, ModelSignature
+from mlflow.store.artifact.artifact_repo import ArtifactRepository
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracking import MlflowClient
 from mlflow.types import Schema, TensorSpec
+from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
 
 from qbench.files import write_fault
+from qbench.track_upload import files_to_upload, upload_all
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +154,8 @@ def log_variant_model(
                     proto, str(local), mlflow_model=mlflow_model, signature=onnx_signature(proto),
                     pip_requirements=_pip_requirements(), **onnx_flavor_options(measured or {}),
                 )  # fmt: skip
-            client.log_model_artifacts(model.model_id, str(local))
+            repository = _artifact_repository(client, model.artifact_location)
+            upload_all(repository.log_artifact, files_to_upload(sorted(local.iterdir())))
     except MlflowException:
         raise
     except Exception as exc:  # noqa: BLE001 - an unreadable model file must not lose the sweep's measurements
@@ -161,6 +166,12 @@ def log_variant_model(
         return model.model_id
     client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
     return model.model_id
+
+
+def _artifact_repository(client: MlflowClient, location: str) -> ArtifactRepository:
+    """The artifact store at a LoggedModel's `location`, as MLflow's client reaches it."""
+    uri = add_databricks_profile_info_to_artifact_uri(location, client.tracking_uri)
+    return get_artifact_repository(uri, tracking_uri=client.tracking_uri)
 
 
 def link_variant_model(client: MlflowClient, run_id: str, model_id: str) -> None:

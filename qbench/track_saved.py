@@ -14,7 +14,6 @@ variant twice.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,7 +30,9 @@ from qbench.runs import RESULTS_FILE, describe_run, record_tracking
 from qbench.track import SweepTracker, artifact_paths, children_of, log_gate
 from qbench.track_content import GATE_TAG, sweep_gate_tags, tag_value
 from qbench.track_store import (
+    after_logged,
     bounded_retries,
+    end_time,
     existing_experiment,
     finished_sweep_run,
     open_experiment,
@@ -91,7 +92,8 @@ def tag_gate_verdict(recipe: Recipe, run_dir: Path, gate: GateReport, results: S
                 return None
             children = children_of(client, experiment_id, parent.info.run_id)
             log_gate(client, {key: run.info.run_id for key, run in children.items()}, gate)
-            breaches = Metric("gate_breaches", float(len(gate.breaches)), int(time.time() * 1000), 0)  # as sweep_metrics
+            step, stamp = after_logged(parent)  # after the sweep's count, whatever clock logged that
+            breaches = Metric("gate_breaches", float(len(gate.breaches)), stamp, step)  # as sweep_metrics
             tags = [RunTag(k, v) for k, v in sweep_gate_tags(results, gate).items()]  # the cheapest follows the verdict
             client.log_batch(parent.info.run_id, [breaches], tags=tags)
         except (MlflowException, OSError) as exc:
@@ -143,7 +145,7 @@ def _end_failed_attempts(recipe: Recipe, run_dir: Path, logged_as: str) -> None:
                 for run in (*children, parent):
                     client.set_tag(run.info.run_id, GATE_TAG, verdict)
                     if run.info.status not in ("FAILED", "KILLED"):
-                        client.set_terminated(run.info.run_id, status="FAILED")
+                        client.set_terminated(run.info.run_id, status="FAILED", end_time=end_time(run))
                     _fail_models(client, run, verdict)
                 logger.info("MLflow: ended the sweep run %s left by the failed logging of %s", parent.info.run_id,
                             run_dir)  # fmt: skip

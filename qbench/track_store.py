@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from qbench.errors import QbenchError, one_line
 from qbench.recipe import Recipe
 from qbench.runs import RUN_FOLDER_NAME, without_password
+from qbench.track_system import PREFIX as SYSTEM_PREFIX
 from qbench.track_uri import check_reachable, resolve_tracking_uri, sqlite_file, store_absent
 
 try:  # POSIX; elsewhere concurrent first use of one new sqlite store is not serialised
@@ -58,6 +60,29 @@ def artifact_root(uri: str) -> str | None:
 
 def is_server(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
+
+
+def now_ms() -> int:
+    """This machine's clock in ms, as MLflow's client stamps runs and metrics."""
+    return int(time.time() * 1000)
+
+
+def end_time(run: Run) -> int:
+    """When to end `run`, which another machine may have started: now, or its start where this machine's clock is
+    behind that one's (MLflow would show a negative duration)."""
+    return max(now_ms(), run.info.start_time or 0)
+
+
+def after_logged(run: Run) -> tuple[int, int]:
+    """The step and time stamp (ms) for figures logged again into `run` (a resumed sweep's summary, a later gate's
+    count): after every figure it holds but its system metrics (steps of their own). MLflow shows a key's entry of the
+    highest step, then the newest time stamp: logged at step 0 again, a figure from a machine whose clock is behind
+    the one that logged first would stay hidden behind the figure it replaces, and the history would hold two
+    entries at one step. The time is this machine's, or just after the newest entry where its clock is behind."""
+    logged = [m for m in run.data.to_proto().metrics if not m.key.startswith(SYSTEM_PREFIX)]  # each key's latest
+    if not logged:
+        return 0, now_ms()
+    return max(m.step for m in logged) + 1, max(now_ms(), max(m.timestamp for m in logged) + 1)
 
 
 def search_literal(value: str) -> str:

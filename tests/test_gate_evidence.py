@@ -257,3 +257,17 @@ def test_results_lacking_project_modules_are_unusable_only_where_the_recipe_name
     problems = evaluate_gate(from_dict(raw), SPEC).problems
     assert bool(problems) == unusable
     assert all("record no project_modules (" in problem for problem in problems)
+
+
+def test_results_whose_simulated_p99_at_the_rate_was_one_replays_cannot_be_judged_on_an_slo():
+    """Results written before the simulated p99 at the budget's rate was shown by the search's bound hold one replay's
+    p99 (within the budget near capacity where the truth was 25 % to 2.5x over) and no at_rate_undecided: an SLO
+    judged on them is refused (exit 2); a gate without an SLO reads none of it."""
+    logits, labels = _rare_class()
+    raw = _raw(logits, logits.copy(), labels)
+    raw["evidence"] = [name for name in raw["evidence"] if name != "at_rate_bound"]
+    results = from_dict(raw)
+    assert evaluate_gate(results, SPEC).exit_code == EXIT_PASS
+    report = evaluate_gate(results, SPEC, slo=SloSpec(p99_ms=100.0, rate_rps=10.0))
+    assert report.exit_code == EXIT_UNUSABLE
+    assert report.problems[0].startswith("results written by qbench '0.1.0' record no at_rate_bound (this ")

@@ -66,3 +66,10 @@ def test_a_model_with_a_temperature_of_one_value_per_call_sweeps_at_every_batch_
     assert {name: v.status for name, v in by_name.items()} == {"fp32": "ok", "fp16": "ok", "int8": "ok"}
     assert by_name["fp32"].accuracy.overall.metrics["max_error"] < 1e-6
     assert [p.batch_size for p in by_name["int8"].latency.points] == [1, 8]
+
+
+def test_rows_all_nan_are_one_value_per_call() -> None:
+    fed = per_call_value("t", np.full((4, 1), np.nan, dtype=np.float32))
+    assert fed.shape == (1, 1) and np.isnan(fed).all()
+    with pytest.raises(QbenchError, match="hold 2 different values"):
+        per_call_value("t", np.array([[np.nan], [1.0]], dtype=np.float32))

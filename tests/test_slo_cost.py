@@ -3,11 +3,12 @@ never read back from results, and a recorded price that is no price refused."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
 import yaml
-from test_slo import GATE, SLO, _results, _user_recipe
+from test_slo import GATE, SLO, _load, _results, _user_recipe
 
 from qbench.cli_app import main
 from qbench.errors import QbenchError
@@ -79,3 +80,28 @@ def test_no_cheapest_and_no_none_while_a_variant_meets_both_without_a_rate_withi
     assert slo_lines(results, gate)[-1] == (
         "cheapest meeting accuracy and SLO: cannot tell: no rate within the budget was shown for "
         "int8-ok@onnxruntime-cpu, which meet both (no cost per million to rank by)")  # fmt: skip
+
+
+def test_the_budgets_rate_is_priced_on_instances_whose_share_of_it_the_simulation_shows_within_budget():
+    """A batch of 8 in 1 ms behind a 10 ms queue delay meets a 4 ms budget from about 4,000 req/s (each lower rate
+    waits for company) up to 6,937.5 req/s on this seed. 7,500 req/s was priced on ceil(7,500 / 6,937.5) = 2
+    instances, each at 3,750 req/s, whose p99 is 4.3 ms: none of 2 to 5 instances meets the budget, so no cost; 9,000
+    and 12,000 req/s split over 2 instances (4,500 and 6,000 req/s each) are within it."""
+    from qbench.results_serving import ServingResult
+    from qbench.slo import instances_at_rate, priced, split_instances
+    from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
+
+    replay = LoadReplay(FixedServiceTime(1.0, max_batch_size=8), Batcher(8, 10.0), Draws.make(5000, seed=0))
+    assert replay.verdict(7500 / 2, 4.0)[1].p99_ms > 4.0
+    for rate, instances in ((7500.0, 0), (9000.0, 2), (12000.0, 2)):
+        missed = replace(_load(4.5, rate), overloaded=rate > 8000)  # one instance misses the budget at the rate
+        serving = ServingResult(preprocess_ms_per_row=0.0, budget_ms=4.0, rate_rps=rate, at_rate=missed,
+                                served_at_rate=missed, max_rate_rps=6937.5)  # fmt: skip
+        serving = replace(serving, split_instances=split_instances(serving, replay, 0.0))
+        assert serving.split_instances == instances
+        cost = priced(serving, 0.36, ()).usd_per_million["at_rate"]
+        if instances:
+            assert instances_at_rate(serving) == instances
+            assert cost == pytest.approx(instances * 0.36 / 3600 / rate * 1e6)
+        else:
+            assert instances_at_rate(serving) is None and math.isnan(cost)

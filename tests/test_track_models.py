@@ -136,6 +136,7 @@ def test_a_full_artifact_store_fails_the_logging_while_an_unreadable_model_only_
 
     import pytest
     from mlflow.entities import LoggedModelStatus
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
     from mlflow.tracking import MlflowClient
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])
@@ -146,13 +147,13 @@ def test_a_full_artifact_store_fails_the_logging_while_an_unreadable_model_only_
     client = MlflowClient(f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}")
     experiment_id = client.create_experiment("relu", artifact_location=(tmp_path / "artifacts").as_uri())
 
-    def full(model_id: str, local_dir: str, artifact_path: str | None = None) -> None:
+    def full(repository: object, local_file: str, artifact_path: str | None = None) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "artifacts" / "model.onnx"))
 
     run_id = client.create_run(experiment_id).info.run_id
     assert client.get_logged_model(log_variant_model(client, experiment_id, run_id, garbage, name="garbage",
                                                      tags={})).status == LoggedModelStatus.FAILED  # fmt: skip
-    monkeypatch.setattr(client, "log_model_artifacts", full)
+    monkeypatch.setattr(LocalArtifactRepository, "log_artifact", full)
     with pytest.raises(OSError, match="No space left on device"):
         log_variant_model(client, experiment_id, run_id, model, name="relu", tags={})
     [failed] = [m for m in client.search_logged_models([experiment_id]) if m.name == "relu"]

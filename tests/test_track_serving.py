@@ -29,7 +29,7 @@ def _priced(name: str, precision: str, p99_ms: float, price: float, max_rate: fl
     variant = make_variant(name, precision, backend=backend)
     points = tuple(replace(p, iterations=200) for p in variant.latency.points)
     load = LoadStats(100.0, 5000, p99_ms / 2, p99_ms * 0.9, p99_ms, p99_ms / 2, 0.1, 1.2, 100.0)
-    costs = {"max_rate": usd_per_million(price, max_rate), "at_rate": usd_per_million_at_rate(price, 100.0, max_rate)}
+    costs = {"max_rate": usd_per_million(price, max_rate), "at_rate": usd_per_million_at_rate(price, 100.0, 1)}
     serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=10.0, rate_rps=100.0, max_batch_size=32,
                             max_queue_delay_ms=1.0, requests=5000, seed=0, at_rate=load, served_at_rate=load,
                             max_rate_rps=max_rate, price_per_hour=price, usd_per_million=costs)  # fmt: skip

@@ -94,7 +94,9 @@ def evaluation_order(records: Sequence[CandidateRecord], slack: float = SCREEN_S
                   key=lambda i: (-_speed(records[i]), records[i].screen_excess))  # fmt: skip
     order = []
     while left:
-        similar = [i for i in left if may_win(records[i], records[left[0]], tie)]  # within the tie of the fastest
+        # within the tie of the fastest, itself always (a tie of 100 % or more bars a candidate without a speed-up
+        # even from itself: -inf against -inf times a factor <= 0)
+        similar = [i for i in left if i == left[0] or may_win(records[i], records[left[0]], tie)]
         cleared = [i for i in similar if records[i].screen_excess <= 1.0]
         order.append((cleared or similar)[0])
         left.remove(order[-1])

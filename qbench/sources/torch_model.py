@@ -188,8 +188,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
     if source is None:
         raise RecipeError(recipe.source, "model.torch", not_found(module_name, recipe.base_dir))
     with single_torch_thread():
-        with files_read() as read:
-            module = _build_template(recipe, source, weights or recipe.weights_path)
+        module, read = _build_template(recipe, source, weights or recipe.weights_path)
         order = _bind_forward_arguments(recipe, module, list(spec.example_inputs))
         shapes = {name: tuple(spec.example_inputs[name]) for name in order}
         dtypes = {name: spec.input_dtype(name) for name in shapes}
@@ -215,7 +214,7 @@ def load_torch_model(recipe: Recipe, *, weights: Path | None = None) -> TorchMod
         cache_key=hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest(),
         _template=module,
         factory_source_sha256=source_sha256,
-        read_files=frozenset(read),
+        read_files=read,
         lengths=lengths,
         length_field=length_field,
     )
@@ -259,11 +258,13 @@ def _example_inputs(shapes: Mapping[str, tuple[int, ...]], dtypes: Mapping[str, 
     return tuple(tensors)
 
 
-def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch.nn.Module:
-    """Call the factory, make the module FP32, load the weights, switch to eval."""
+def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> tuple[torch.nn.Module, frozenset[str]]:
+    """Call the factory, make the module FP32, load the weights, switch to eval; with the files the factory itself
+    opened to read (`weights` is not one: a sweep's copy of model.weights, an input of its own)."""
     torch = _import_torch()
     factory_name = recipe.model.torch or ""
-    module = call_factory(recipe, source)
+    with files_read() as read:
+        module = call_factory(recipe, source)
     if not isinstance(module, torch.nn.Module):
         returned = f"{factory_name}() returned {type(module).__name__}, expected a torch.nn.Module"
         raise RecipeError(recipe.source, "model.torch", returned)
@@ -272,7 +273,7 @@ def _build_template(recipe: Recipe, source: Path, weights: Path | None) -> torch
         load_weights(recipe, module, weights)
         module = module.float()  # a meta module takes the file's tensors as they are stored (float16 ones too)
     refuse_meta_tensors(recipe, module, weights)
-    return eval_mode(module)
+    return eval_mode(module), frozenset(read)
 
 
 def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list[str]) -> list[str]:

@@ -5,7 +5,7 @@
 At the measured throughput (back-to-back batches) this is the floor a saturated machine reaches;
 at the highest rate meeting the latency budget it is what serving within the SLO costs on instances each loaded to
 that rate; at the budget's own rate (`usd_per_million_at_rate`) it is what that traffic costs on the whole instances
-it needs, each paid for by the hour whether busy or not.
+it needs, each paid for by the hour whether busy or not (how many: qbench.slo.instances_at_rate).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ def usd_per_million(price_per_hour: float, items_per_s: float) -> float:
     return price_per_hour / SECONDS_PER_HOUR / items_per_s * 1e6
 
 
-def usd_per_million_at_rate(price_per_hour: float, rate_rps: float, max_rate_rps: float) -> float:
-    """USD per million inferences serving `rate_rps` on instances that each meet the budget up to `max_rate_rps`: the
-    ceil(rate / max_rate) instances it takes, each paid for the hour, over the requests they serve (a Poisson stream
-    split at random over them is Poisson at rate / instances on each); NaN when `max_rate_rps` is unknown or zero."""
-    if not (max_rate_rps > 0 and math.isfinite(max_rate_rps)):
+def usd_per_million_at_rate(price_per_hour: float, rate_rps: float, instances: int | None) -> float:
+    """USD per million inferences serving `rate_rps` on `instances` whole instances, each paid for the hour, over the
+    requests they serve (a Poisson stream split at random over them is Poisson at rate / instances on each); NaN when
+    no count of instances is known to meet the budget (None or 0)."""
+    if not instances:
         return math.nan
-    return math.ceil(rate_rps / max_rate_rps) * usd_per_million(price_per_hour, rate_rps)
+    return instances * usd_per_million(price_per_hour, rate_rps)

@@ -376,3 +376,13 @@ def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
     the digits CNN at batch 32 on a busy 2-CPU machine)."""
     mean_ms = float(np.mean(service.service_ms(batch_size, _QUANTILE_GRID)))
     return batch_size * 1000.0 / max(mean_ms, 1e-9)
+
+
+def throughput_falls(service: ServiceTimes, batch_size: int) -> bool:
+    """Whether some batch smaller than `batch_size` serves more requests a second than full `batch_size` batches back
+    to back (`capacity_rps`): throughput falling with the batch (cache effects, padding to the longest row). A
+    saturated batcher forms full batches, its slowest per request, so near their capacity the queue idles along on
+    mid-sized batches and now and then, after a burst, falls into full batches that drain it barely faster than it
+    fills: rare, long excursions that a short replay can miss altogether (qbench.validate.load_search)."""
+    full = capacity_rps(service, batch_size)
+    return any(capacity_rps(service, size) > full for size in range(1, batch_size))

@@ -264,6 +264,14 @@ def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a
     assert select.evaluation_order(near) == [2, 1, 0]
 
 
+def test_evaluation_order_takes_every_promising_candidate_whatever_the_tie():
+    """The noise a search measures from two FP32 timings can exceed 100 % (one timed during a pause at 3x the other):
+    a candidate without a speed-up (its timings not finite) is still taken, not an IndexError that ended the search."""
+    records = [_record("untimed", speedup=math.nan, screen=0.5), _record("timed", speedup=1.5, screen=0.8)]
+    assert select.evaluation_order(records, tie=1.2) == [1, 0]
+    assert select.evaluation_order(records[:1], tie=1.0) == [0]
+
+
 def test_the_report_says_why_a_pick_timed_a_shade_slower_was_kept():
     records = [
         _record("fast-thin", speedup=1.62, excess=0.9, passed=True),

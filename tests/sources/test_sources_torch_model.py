@@ -452,6 +452,17 @@ def test_build_returns_a_fresh_eval_module_with_the_weights_every_call(project: 
     assert (torch_model.input_names, torch_model.output_names, torch_model.opset) == (("features",), ("scores",), 17)
 
 
+def test_the_weights_file_loaded_is_not_a_file_the_factory_read(project: Path) -> None:
+    """A sweep loads a copy of model.weights (its snapshot, in a build store that may lie in the project): that copy
+    is model.weights, an input of its own, not a checkpoint the factory read (recorded as one, the gate of a fresh
+    checkout refused the results as stale for want of the copy)."""
+    copy = project.parent / "store" / "weights.pt"
+    copy.parent.mkdir()
+    copy.write_bytes((project.parent / "weights.pt").read_bytes())
+    torch_model = load_torch_model(load_recipe(project), weights=copy)
+    assert not {Path(file).name for file in torch_model.read_files} & {"weights.pt"}
+
+
 def test_example_inputs_have_the_declared_shape_with_the_batch_replaced(project: Path) -> None:
     torch_model = load_torch_model(load_recipe(project))
     (features,) = torch_model.example_inputs(batch=5)

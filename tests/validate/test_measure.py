@@ -211,7 +211,8 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
     assert calls == [((1, 8), 3, 50.0)]
-    assert 42.0 <= served.at_rate.p50_ms < 43.0
+    # the figures of the 800 requests that confirmed the pass (judge_rate): a few share a batch and wait less
+    assert served.at_rate.requests == 800 and 41.5 <= served.at_rate.p50_ms < 43.0
 
 
 def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepared, monkeypatch):
