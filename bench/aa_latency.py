@@ -6,7 +6,7 @@ renames nodes, or copies the bytes, is detected as identical and never timed; it
 Three models of different cost (the digits demo CNN, an MLP of ~0.2 / 0.6 ms, an MLP of ~4 / 12 ms at batch 1 / 32)
 are swept `--rounds` times each, one sweep at a time, without MLflow. Per sweep, A-variant and batch size: its
 speed-up vs FP32 (FP32 p50 / its p50), the p99 ratio, the two points' window spreads, the noise margin the report
-judges "faster" by (`qbench.frontier.timing_margin`), the CPUs other processes kept busy while each was timed
+judges "faster" by (`qbench.frontier.pareto.timing_margin`), the CPUs other processes kept busy while each was timed
 (in the JSON) and whether the A-variant sits on the frontier without FP32
 (a false "faster"). A variant computing the same thing at the same cost should be as fast as FP32 within that
 margin, with no systematic direction (it is always timed after FP32).
@@ -32,7 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench import load_recipe, run_sweep
 from qbench.demo.digits import make_digits_demo
-from qbench.frontier import timing_margin
+from qbench.frontier.pareto import timing_margin
 from qbench.techniques import TECHNIQUES
 from qbench.techniques.base import Technique
 from qbench.techniques.floats import FloatCast

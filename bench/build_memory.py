@@ -65,7 +65,7 @@ def make_model(path: Path, blocks: int, width: int) -> None:
 
 def child(build: str, model: str, workdir: str, width: int) -> None:
     """Build `build` of `model` into `workdir` and print {"peak_rss": bytes, "written": bytes} (run in a child)."""
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants import build_variant
     from qbench.variants.base import BuildContext
 

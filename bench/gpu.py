@@ -125,8 +125,8 @@ def importable_from(folder: Path) -> Iterator[None]:
 
 def measure(model: str, backends: Sequence[str], settings: Settings, workdir: Path) -> list[dict[str, Any]]:
     """One sweep of `model`'s recipe on `backends`; one row per variant, backend and batch size (or per failure)."""
-    from qbench.recipe import load_recipe
-    from qbench.sweep import run_sweep
+    from qbench.recipe.spec import load_recipe
+    from qbench.sweep.runner import run_sweep
 
     source, recipe_path = model_recipe(model, backends, settings, workdir)
     with importable_from(source.parent):

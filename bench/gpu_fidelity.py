@@ -61,8 +61,8 @@ def row_agreement(a: np.ndarray, b: np.ndarray) -> float:
 def compare_model(model: str, recipe_path: Path, workdir: Path, native: str = GPU_BACKEND) -> list[dict[str, Any]]:
     """One row per precision: the CPU emulation and the GPU's native figures for the same variant."""
     from qbench.backends import get_backend
-    from qbench.preflight import prepare
-    from qbench.recipe import VariantSpec, load_recipe, reference_variant
+    from qbench.preflight.prepare import prepare
+    from qbench.recipe.spec import VariantSpec, load_recipe, reference_variant
     from qbench.validate.measure import measure
     from qbench.variants import BuildContext, build_variant
     from qbench.variants.torch_forms import attach_torch_form

@@ -43,9 +43,9 @@ from onnxruntime.quantization import quantize_dynamic
 from rich.table import Table
 
 from qbench.console import print_wide
-from qbench.preflight import Prepared, prepare
-from qbench.recipe import Recipe, load_recipe
-from qbench.sweep import run_sweep
+from qbench.preflight.prepare import Prepared, prepare
+from qbench.recipe.spec import Recipe, load_recipe
+from qbench.sweep.runner import run_sweep
 from qbench.variants.onnx_utils import quiet_stdout, scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]

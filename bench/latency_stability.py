@@ -30,8 +30,8 @@ from rich.table import Table
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.demo.digits import make_digits_demo
-from qbench.recipe import StabilitySpec
-from qbench.results import LatencyPoint
+from qbench.recipe.spec import StabilitySpec
+from qbench.results.schema import LatencyPoint
 from qbench.validate.latency import measure_steady_state
 from qbench.variants import BuiltVariant
 

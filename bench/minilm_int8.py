@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.table import Table
 
 from qbench.environment import describe_environment
-from qbench.preflight import Prepared, prepare
-from qbench.recipe import FallbackSpec, Recipe, VariantSpec, load_recipe
-from qbench.sweep import run_sweep
+from qbench.preflight.prepare import Prepared, prepare
+from qbench.recipe.spec import FallbackSpec, Recipe, VariantSpec, load_recipe
+from qbench.sweep.runner import run_sweep
 from qbench.validate.accuracy import evaluate_accuracy, run_batched
 from qbench.validate.latency import take_batch
 from qbench.variants.onnx_utils import quiet_stdout, scratch_dir

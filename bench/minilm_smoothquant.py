@@ -32,8 +32,8 @@ from onnxruntime.quantization import quantize_dynamic
 from rich.console import Console
 from rich.table import Table
 
-from qbench.preflight import Prepared, prepare
-from qbench.recipe import VariantSpec, load_recipe
+from qbench.preflight.prepare import Prepared, prepare
+from qbench.recipe.spec import VariantSpec, load_recipe
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext
 from qbench.variants.onnx_utils import quiet_stdout, scratch_dir

@@ -48,8 +48,8 @@ from qbench.backends import get_backend
 from qbench.backends.base import RunOptions, served_call, timed_load
 from qbench.demo.digits import make_digits_demo
 from qbench.demo.minilm import write_text_sets
-from qbench.recipe import VariantSpec, load_recipe
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import VariantSpec, load_recipe
+from qbench.sweep.runner import run_sweep
 from qbench.validate.latency import measure_cold_start, measure_steady_state
 from qbench.variants import BuiltVariant
 from qbench.variants.torch_forms import TorchForm, torch_form_for

@@ -53,8 +53,8 @@ from rich.table import Table
 from qbench.demo.digits import make_digits_demo
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, read_records
-from qbench.results import to_jsonable
-from qbench.sweep import run_sweep
+from qbench.results.schema import to_jsonable
+from qbench.sweep.runner import run_sweep
 
 EXECUTORS = ("local", "ray")
 CLUSTER_CPUS = 2

@@ -48,10 +48,10 @@ from qbench.backends import get_backend
 from qbench.backends.base import Runner, RunOptions
 from qbench.demo.digits import make_digits_demo
 from qbench.environment import describe_environment
-from qbench.preflight import prepare
-from qbench.recipe import Recipe, load_recipe
+from qbench.preflight.prepare import prepare
+from qbench.recipe.spec import Recipe, load_recipe
 from qbench.slo import idle_ms, load_settings, served_times, server_for, serving_figures
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes
 from qbench.validate.load_search import search_max_rate

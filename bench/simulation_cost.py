@@ -34,8 +34,8 @@ from rich.table import Table
 
 import qbench.slo as slo
 from qbench.demo.digits import make_digits_demo
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
 from qbench.validate.load_search import MAX_BATCHES, search_max_rate
 
 

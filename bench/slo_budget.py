@@ -8,7 +8,7 @@ and prints per recipe the table
             -> accuracy verdict -> SLO verdict
 
 and the chosen variant: the cheapest (USD per million at its highest rate within budget) among
-those accurate enough and within budget (qbench.report_serving.cheapest, as `qbench gate` says it).
+those accurate enough and within budget (qbench.report.serving.cheapest, as `qbench gate` says it).
 The load figures are qbench's simulation (Poisson arrivals, dynamic batcher, one model instance)
 replayed from the service times the sweep measured on this machine; cost per million at the max
 rate = price per hour / 3600 / max rate x 1e6.
@@ -36,12 +36,12 @@ from rich.console import Console
 from rich.table import Table
 
 from qbench.environment import describe_environment
-from qbench.gate import GateReport
-from qbench.recipe import Recipe, load_recipe
-from qbench.report_serving import accuracy_verdict, cheapest, slo_verdict
-from qbench.results import SweepResults, VariantResult
+from qbench.gate.evaluate import GateReport
+from qbench.recipe.spec import Recipe, load_recipe
+from qbench.report.serving import accuracy_verdict, cheapest, slo_verdict
+from qbench.results.schema import SweepResults, VariantResult
 from qbench.slo import with_prices
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_RECIPES = (ROOT / "recipes" / "digits.yaml", ROOT / "recipes" / "minilm.yaml")

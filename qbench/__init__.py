@@ -14,14 +14,14 @@ __all__ = ["__version__", "load_recipe", "run_sweep", "run_gate", "QbenchError"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.errors import QbenchError
-    from qbench.gate_run import run_gate
-    from qbench.recipe import load_recipe
-    from qbench.sweep import run_sweep
+    from qbench.gate.run import run_gate
+    from qbench.recipe.spec import load_recipe
+    from qbench.sweep.runner import run_sweep
 
 _LAZY = {
-    "load_recipe": "qbench.recipe",
-    "run_sweep": "qbench.sweep",
-    "run_gate": "qbench.gate_run",
+    "load_recipe": "qbench.recipe.spec",
+    "run_sweep": "qbench.sweep.runner",
+    "run_gate": "qbench.gate.run",
     "QbenchError": "qbench.errors",
 }
 

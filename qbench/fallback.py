@@ -3,7 +3,7 @@
     built = build_with_search(spec, ctx, evaluate=evaluate, prepared=prepared)   # called by the sweep
 
 Every candidate is measured with `evaluate` (accuracy per slice and latency on the sweep's first
-backend, against FP32) and judged by `qbench.gate.evaluate_gate`, so a candidate passes here
+backend, against FP32) and judged by `qbench.gate.evaluate.evaluate_gate`, so a candidate passes here
 exactly when the gate would pass it on those rows: the selection rows (qbench.selection_rows), which the
 gate's own verdict on the chosen variant (measured on the evaluation rows) never uses.
 
@@ -18,7 +18,7 @@ gate's own verdict on the chosen variant (measured on the evaluation rows) never
 
 A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not applicable: it never
 passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
-size), chosen by the INT8 search's rule (qbench.gate_resolution.passing): a pass the selection rows resolve
+size), chosen by the INT8 search's rule (qbench.gate.resolution.passing): a pass the selection rows resolve
 before any that rests on too few of them, which is kept only when no try's pass is resolved, with a note (and
 under `gate.unresolved: fail` reported as not passing, as the gate would hold it: `search.outcome` "pass
 unresolved", the note saying how many rows would resolve it); when none passes, the most accurate one that
@@ -49,17 +49,17 @@ import onnx
 from qbench.backends import get_backend
 from qbench.backends.base import RunOptions
 from qbench.errors import QbenchError
-from qbench.explain_graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
-from qbench.explain_rank import Score, group_nodes, rank_groups
+from qbench.explain.graph import QuantizedNode, float_keeper, quantized_nodes, sqnr_costs
+from qbench.explain.rank import Score, group_nodes, rank_groups
 from qbench.files import write_fault
-from qbench.gate import GateReport, judge
-from qbench.gate_report import failure_reasons
-from qbench.gate_resolution import PASS_UNRESOLVED, JudgedTry, passing, unresolved_pick
-from qbench.gate_tolerance import reference_tolerances
-from qbench.preflight import Prepared
-from qbench.recipe import FallbackSpec, VariantSpec
-from qbench.report_grid import figure, percent
-from qbench.results import VariantResult
+from qbench.gate.evaluate import GateReport, judge
+from qbench.gate.report import failure_reasons
+from qbench.gate.resolution import PASS_UNRESOLVED, JudgedTry, passing, unresolved_pick
+from qbench.gate.tolerance import reference_tolerances
+from qbench.preflight.prepare import Prepared
+from qbench.recipe.spec import FallbackSpec, VariantSpec
+from qbench.report.grid import figure, percent
+from qbench.results.schema import VariantResult
 from qbench.selection_rows import chosen_on
 from qbench.techniques.calibrators import AUTO_CALIBRATORS
 from qbench.validate.measure import Rows, measure
@@ -193,7 +193,7 @@ class _Search:
         return trial
 
     def judged(self, result: VariantResult) -> GateReport:
-        """The gate's verdict on one try's `result` (qbench.gate.judge), its rows rule counting the distinct inputs of
+        """The gate's verdict on one try's `result` (qbench.gate.evaluate.judge), its rows rule counting the distinct inputs of
         the rows it was measured on (Rows.judged_on), as `qbench gate` and the INT8 search count them."""
         return judge(self.reference, result, self.gate, self.tolerances, self.distinct_inputs)
 

@@ -63,7 +63,7 @@ class Interrupted(BaseException):
 class EndedBySignal(QbenchError):
     """The error a command raises in place of `Interrupted` once it cleaned up after it (a sweep marking its run
     folder incomplete, saying where its partial results are): one line and exit 2 as any QbenchError, and still a
-    signal's ending (the gate's reports call it 'interrupted', qbench.cli_gate)."""
+    signal's ending (the gate's reports call it 'interrupted', qbench.cli.gate)."""
 
     def __init__(self, message: str, interrupted: Interrupted) -> None:
         super().__init__(message)

@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qbench.errors import QbenchError, RecipeError
-from qbench.recipe_data import ImageInputSpec
+from qbench.recipe.data import ImageInputSpec
 from qbench.user_code import installed, module_source, not_found
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.digests import FileKey
-    from qbench.recipe import Recipe
+    from qbench.recipe.spec import Recipe
 
 
 EXTERNAL_DATA_INPUT = "model external data "  # + the file's location relative to the model's folder
@@ -233,7 +233,7 @@ def external_data_locations(model_path: Path) -> list[str]:
     and preflight rejects it by name). Remembered while the file's identity, size and times stay the same:
     finding them parses the whole graph (90 MB for a small transformer), and measuring asks at every run."""
     from qbench.digests import file_key
-    from qbench.modelinfo import external_data_files
+    from qbench.modelinfo.signature import external_data_files
 
     key, settled = file_key(model_path)
     if key in _EXTERNAL_DATA:
@@ -279,7 +279,7 @@ def recipe_record(recipe: Recipe) -> dict[str, Any]:
     """The recipe as results.json embeds it, with its digest: every field the recipe file set (parsing it
     again gives this recipe, defaults filled in; a dump with the defaults would trip the checks that
     reject options set for the wrong kind of model or variant)."""
-    from qbench.results import canonical_sha256
+    from qbench.results.schema import canonical_sha256
 
     resolved = recipe.model_dump(mode="json", exclude_unset=True)
     return {"resolved": resolved, "resolved_sha256": canonical_sha256(resolved)}
@@ -290,8 +290,8 @@ def recorded_recipe(record: Mapping[str, Any], results_file: Path) -> Recipe:
     resolve against the recipe file's folder recorded at sweep time."""
     from pydantic import ValidationError
 
-    from qbench.recipe import Recipe
-    from qbench.results import canonical_sha256
+    from qbench.recipe.spec import Recipe
+    from qbench.results.schema import canonical_sha256
 
     resolved = record.get("resolved")
     if not isinstance(resolved, dict):

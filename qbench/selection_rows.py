@@ -33,10 +33,10 @@ from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
 from qbench.data.slices import slice_masks
 from qbench.errors import QbenchError
-from qbench.gate import named_some
-from qbench.modelinfo import TensorMeta
-from qbench.recipe import Recipe
-from qbench.recipe_data import DataSpec
+from qbench.gate.evaluate import named_some
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec
+from qbench.recipe.spec import Recipe
 
 logger = logging.getLogger(__name__)
 

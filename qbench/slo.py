@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qbench.errors import QbenchError, expected_one_of
-from qbench.recipe import Recipe
-from qbench.recipe_slo import MIN_P99_SAMPLES, CostSpec, SloSpec
-from qbench.results import LatencyPoint, SweepResults, VariantResult
-from qbench.results_serving import ServingResult
+from qbench.recipe.slo import MIN_P99_SAMPLES, CostSpec, SloSpec
+from qbench.recipe.spec import Recipe
+from qbench.results.schema import LatencyPoint, SweepResults, VariantResult
+from qbench.results.serving import ServingResult
 from qbench.validate.catalogue import within
 from qbench.validate.contention import contended, cpus_allowed, oversubscribed, threads_that_fit
 from qbench.validate.cost import usd_per_million, usd_per_million_at_rate
@@ -117,7 +117,7 @@ def instances_at_rate(serving: ServingResult) -> int | None:
 
 def met_at_rate(serving: ServingResult) -> bool:
     """Whether one instance meets the budget swept at its rate, as the gate judges it: within the budget, keeping up,
-    and neither the real run nor the simulation there unable to tell (qbench.report_serving judges the reference,
+    and neither the real run nor the simulation there unable to tell (qbench.report.serving judges the reference,
     which is never gated, by it)."""
     judged = p99_under_load(serving, serving.rate_rps) if serving.rate_rps else None
     budget = serving.budget_ms
@@ -190,7 +190,7 @@ def server_for(
     row, as a server padding each batch runs it and as the timed batches were (it served the first timed batch's rows
     only, all at that batch's one length: the short queries at a long document's length, or a mix whose first batch
     held no document served for real without one); `fixed_batch`: the model takes batches of that size only
-    (qbench.preflight_checks.fixed_batch), each batch is filled up to it."""
+    (qbench.preflight.checks.fixed_batch), each batch is filled up to it."""
     from qbench.validate.latency import timed_batches
     from qbench.validate.load import Batcher
     from qbench.validate.serve import real_server
@@ -423,7 +423,7 @@ def p99_under_load(serving: ServingResult, rate_rps: float, budget_ms: float | N
     (`budget_ms`, the one judged now; None: the one swept): runs that met a looser budget at the sweep stand for none
     (a budget tightened from 10 to 6 ms since was judged on the simulated 5.5 ms alone, a pass);
     None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
-    it, and the report the reference, which is never gated (qbench.report_serving.cheapest)."""
+    it, and the report the reference, which is never gated (qbench.report.serving.cheapest)."""
     served = serving.served_at_rate
     if serving.at_rate is None or (served is None and not _met_above(serving, rate_rps, budget_ms)):
         return None

@@ -38,7 +38,7 @@ from typing import NoReturn
 
 EXIT_ERROR = 2
 CODES = (0, 1, EXIT_ERROR)  # the contract: pass, breach on complete valid results, anything else
-CHILD_MODULE = "qbench.cli_child"
+CHILD_MODULE = "qbench.cli.child"
 DIED_FILE = "DIED"  # in a run folder: the signal its sweep's process died of, written by the parent
 _CHANNEL = "QBENCH_SUPERVISOR_FD"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed (it reaches the parent only)

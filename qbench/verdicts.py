@@ -1,5 +1,5 @@
 """Passed checks of a cached export against forward(), kept in the export cache so a repeated sweep need not run them;
-also the row-independence check's passes of any ONNX model (qbench.preflight_rows, in `$QBENCH_CACHE_DIR/checks/`).
+also the row-independence check's passes of any ONNX model (qbench.preflight.rows, in `$QBENCH_CACHE_DIR/checks/`).
 
 A verdict is kept only for a check that passed, in `exports/<key>/checks/<kind>-<digest>.json`, where the digest
 covers what the check's outcome depends on: the export file's bytes, the check's settings and inputs (the rows or

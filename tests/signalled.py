@@ -26,7 +26,7 @@ HOOK = textwrap.dedent("""\
         os.kill(os.getpid(), signum)  # CPython runs the handler before os.kill returns: it raised, or held it back
         return result
     setattr(owner, attribute, signalled)
-    from qbench.cli_app import main
+    from qbench.cli.app import main
     sys.exit(main(sys.argv[4:]))
 """)
 
@@ -41,7 +41,7 @@ IMPORT_HOOK = textwrap.dedent("""\
                 os.kill(os.getpid(), signum)  # the handler runs here: in the middle of the import
             return None  # the usual finders import it
     sys.meta_path.insert(0, SignalOnImport())
-    from qbench.cli_app import main
+    from qbench.cli.app import main
     sys.exit(main(sys.argv[3:]))
 """)
 

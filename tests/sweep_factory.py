@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from qbench.results import (
+from qbench.results.schema import (
     AccuracyResult,
     CalibrationRecord,
     LatencyPoint,

@@ -24,7 +24,7 @@ def test_names_that_do_not_print_as_themselves_are_quoted_in_lists_and_output_de
     """A converter's output 'a\nb' was listed raw: the one-line error read 'expected one of a b'."""
     import numpy as np
 
-    from qbench.modelinfo import TensorMeta
+    from qbench.modelinfo.signature import TensorMeta
 
     message = expected_one_of("x", ["a\nb", "tab\there", "input_1:0", "é"])
     assert message == "got 'x', expected one of 'a\\nb', input_1:0, 'tab\\there', é"
@@ -140,7 +140,7 @@ def test_onnxruntime_cuda_providers_allocation_failures_are_out_of_memory(messag
 
 def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeypatch):
     """A MemoryError carries no message: the CLI printed `qbench: error: MemoryError: ` and nothing more."""
-    import qbench.cli_gate as cli_gate
+    import qbench.cli.gate as cli_gate
 
     monkeypatch.setattr(cli_gate, "address_space_note", lambda: "; ulimit -v lets this process map at most 195 MiB")
     assert cli_gate.describe(MemoryError()) == "MemoryError (out of memory; ulimit -v lets this process map at most 195 MiB)"
@@ -170,7 +170,7 @@ def test_the_last_words_name_the_memory_limit_when_describing_the_error_ran_out_
 ):
     """Under `ulimit -v 200 MiB` a validate ended `qbench: error: MemoryError` (or `SystemError`) alone in two runs of
     three: describing the error needed memory too, and its fallback dropped the limit that docs/ci.md's line names."""
-    import qbench.cli_app as cli_app
+    import qbench.cli.app as cli_app
 
     def fails(exc):
         raise describing

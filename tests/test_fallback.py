@@ -9,12 +9,12 @@ import onnx
 import pytest
 import yaml
 from onnx import numpy_helper
-from test_explain import INT8, NOTED_GATE, one_gemm_model, write_fragile_project
 
-from qbench.gate import EXIT_BREACH, EXIT_PASS
-from qbench.recipe import load_recipe
-from qbench.results import read_results
-from qbench.sweep import run_sweep
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import INT8, NOTED_GATE, one_gemm_model, write_fragile_project
 
 
 @pytest.fixture(autouse=True)

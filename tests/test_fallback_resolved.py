@@ -1,5 +1,5 @@
 """`calibrator: auto` and `fallback:` choose among their tries by the INT8 search's resolution rule
-(qbench.gate_resolution.passing): a pass on too few selection rows ranks after every resolved pass, is kept only when
+(qbench.gate.resolution.passing): a pass on too few selection rows ranks after every resolved pass, is kept only when
 no try's pass is resolved (with a note) and under `gate.unresolved: fail` is reported as not passing. The tries'
 figures are fake; their verdicts are the real gate's."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from qbench import fallback
-from qbench.gate_tolerance import reference_tolerances
-from qbench.recipe import FallbackSpec, GateSpec
-from qbench.results import AccuracyResult, LatencyPoint, LatencyResult, SliceMetrics, VariantResult
+from qbench.gate.tolerance import reference_tolerances
+from qbench.recipe.spec import FallbackSpec, GateSpec
+from qbench.results.schema import AccuracyResult, LatencyPoint, LatencyResult, SliceMetrics, VariantResult
 from qbench.validate.measure import Rows
 
 ROWS = 72  # selection rows

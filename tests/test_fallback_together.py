@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import INT8, NOTED_GATE, OUTLIER, WIDTH, write_fragile_project
 
-from qbench.gate import EXIT_PASS
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.gate.evaluate import EXIT_PASS
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import INT8, NOTED_GATE, OUTLIER, WIDTH, write_fragile_project
 
 MILD = 4.0  # the side path's outlier: a little noise, which keeping `side` in FP32 alone removes
 

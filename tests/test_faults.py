@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from server_processes import free_port, group_members, wait_healthy
 from user_model import make_user_project
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.runs import INCOMPLETE_MARKER, RESULTS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -156,15 +156,15 @@ def test_a_signal_mid_sweep_ends_runs_killed_and_keeps_what_finished(
 def test_a_crash_ends_the_runs_failed_and_keeps_every_measured_variant(
     user_project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import qbench.sweep
+    import qbench.sweep.runner
 
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("simulated crash after the measurements")
 
-    monkeypatch.setattr(qbench.sweep, "evaluate_gate", crash)
+    monkeypatch.setattr(qbench.sweep.runner, "evaluate_gate", crash)
     recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        qbench.sweep.run_sweep(recipe)
+        qbench.sweep.runner.run_sweep(recipe)
     (run_dir,) = (tmp_path / "reports" / "tumour-mlp").iterdir()
     state = json.loads((run_dir / INCOMPLETE_MARKER).read_text())["state"]
     assert state.startswith("failed: RuntimeError: simulated crash after the measurements")
@@ -182,7 +182,7 @@ def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     user_project: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = write_recipe(user_project, tmp_path, ["int8-minmax"], iterations=5)
-    untracked = (f"import sys; from qbench.cli_app import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
+    untracked = (f"import sys; from qbench.cli.app import main; code = main(['sweep', {str(recipe)!r}, '--no-track']); "
                  "print('mlflow loaded:', 'mlflow' in sys.modules); sys.exit(code)")  # fmt: skip
     done = subprocess.run([sys.executable, "-c", untracked], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=2 * WAIT_S)  # fmt: skip

@@ -13,8 +13,8 @@ import yaml
 from sweep_factory import make_sweep
 
 from qbench.provenance import recipe_record
-from qbench.recipe import load_recipe
-from qbench.results import write_results
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import write_results
 from qbench.runs import RESULTS_FILE, TRACKING_FILE
 
 HEAVY = ("torch", "onnxruntime", "mlflow", "modelopt", "tensorrt")
@@ -35,16 +35,16 @@ def test_every_entry_point_the_package_names_resolves_to_that_function():
     """README's notebook example imports these from `qbench`; `qbench.run_gate` once named a module lacking it."""
     import qbench
     from qbench.errors import QbenchError
-    from qbench.gate_run import run_gate
-    from qbench.recipe import load_recipe
-    from qbench.sweep import run_sweep
+    from qbench.gate.run import run_gate
+    from qbench.recipe.spec import load_recipe
+    from qbench.sweep.runner import run_sweep
 
     expected = {"load_recipe": load_recipe, "run_sweep": run_sweep, "run_gate": run_gate, "QbenchError": QbenchError}
     assert {name: getattr(qbench, name) for name in qbench.__all__ if name != "__version__"} == expected
 
 
 def test_recipe_gate_and_registries_load_no_heavy_sdk():
-    statement = "import qbench.recipe, qbench.gate, qbench.cli, qbench.variants, qbench.backends, qbench.results"
+    statement = "import qbench.recipe.spec, qbench.gate.evaluate, qbench.cli, qbench.variants, qbench.backends, qbench.results.schema"
     assert imported_after(statement) == []
 
 
@@ -54,22 +54,22 @@ def test_loading_a_recipe_loads_no_table_library(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"model")
     (tmp_path / "rows.parquet").write_bytes(b"rows")
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(RECIPE))
-    statement = f"from qbench.recipe import load_recipe\nload_recipe({str(tmp_path / 'recipe.yaml')!r})"
+    statement = f"from qbench.recipe.spec import load_recipe\nload_recipe({str(tmp_path / 'recipe.yaml')!r})"
     assert imported_after(statement, among=("pandas", "pyarrow")) == []
 
 
 def test_the_sweeps_work_process_imports_no_runtime_sdk():
     """Backends, techniques and tasks are registered as "module:attr" targets: listing or checking their names
     imports none of them, so the runtimes load when a job needs them."""
-    assert imported_after("import qbench.cli_app, qbench.sweep") == []
+    assert imported_after("import qbench.cli.app, qbench.sweep.runner") == []
 
 
 def test_the_sweeps_work_process_imports_no_http_client_nor_xml_parser():
-    """What `qbench sweep`'s work process imports before the sweep starts (qbench.cli_child): an HTTP client (a
+    """What `qbench sweep`'s work process imports before the sweep starts (qbench.cli.child): an HTTP client (a
     tracking server's health check, a file: URI's path) and an XML parser (reading back a JUnit report) are imported
     where they are used, not by every sweep."""
     unused = ("urllib.request", "http.client", "xml.etree.ElementTree")
-    assert imported_after("import qbench.cli_app, qbench.sweep", among=unused) == []
+    assert imported_after("import qbench.cli.app, qbench.sweep.runner", among=unused) == []
 
 
 def gate_loads(
@@ -91,7 +91,7 @@ def gate_loads(
     if not data:
         (folder / "rows.parquet").unlink()
     argv = ["gate", *([str(recipe)] if data else []), "--results", str(results), "--no-staleness-check"]
-    code = f"import sys, json\nfrom qbench.cli_app import main\nmain({argv!r})\nprint(json.dumps(sorted(sys.modules)))"
+    code = f"import sys, json\nfrom qbench.cli.app import main\nmain({argv!r})\nprint(json.dumps(sorted(sys.modules)))"
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=folder).stdout
     return [m for m in json.loads(output.splitlines()[-1]) if m in among or m.split(".")[0] in among]
 

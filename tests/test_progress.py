@@ -58,12 +58,12 @@ def test_console_handler_prefixes_warnings_and_prints_brackets_literally() -> No
 
 
 def test_cli_shows_library_warnings(capsys: pytest.CaptureFixture[str]) -> None:
-    from qbench.cli_app import main
+    from qbench.cli.app import main
 
     def noisy() -> None:
         logging.getLogger("qbench.anything").warning("seen on the console")
 
-    from qbench import cli_app as cli
+    from qbench.cli import app as cli
 
     @cli.app.command("noisy-test-command", hidden=True)
     def _noisy() -> None:

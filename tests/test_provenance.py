@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.digests import file_sha256
 from qbench.errors import QbenchError
-from qbench.modelinfo import external_data_files
+from qbench.modelinfo.signature import external_data_files
 from qbench.provenance import (
     PROJECT_MODULE_INPUT,
     changed_inputs,
@@ -22,7 +22,7 @@ from qbench.provenance import (
     project_module_digests,
     recorded_module_files,
 )
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 
 def write_model_with_external_data(folder: Path) -> Path:

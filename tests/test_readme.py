@@ -1,5 +1,5 @@
 """The documentation (README.md and the pages under docs/, read as one: `docs_text`) matches the recipe schema: every
-key its YAML examples write is a field of the pydantic models (`qbench.recipe.Recipe` and the sections under it), and
+key its YAML examples write is a field of the pydantic models (`qbench.recipe.spec.Recipe` and the sections under it), and
 every field of those models is named somewhere in it, in a YAML example or in the prose (a backticked
 `section.field`, or a field name no other field shares), so a field added, renamed or removed in the code cannot leave
 the documentation behind; every value a field allows by name is named where the documentation writes the field, and
@@ -19,7 +19,7 @@ import yaml
 from docs_text import ROOT, documentation_files, documentation_text, located
 from pydantic import BaseModel
 
-from qbench.recipe import Recipe
+from qbench.recipe.spec import Recipe
 
 # `backends: [{name, accelerator}]` is how the documentation writes the pins the schema keeps in `backend_resources`
 BACKEND_ENTRY = "backend_resources"
@@ -213,7 +213,7 @@ PACKAGE = ROOT / "qbench"
 
 
 def layout_entries() -> dict[str, str]:
-    """The "How it is built" tree, on whichever documentation page holds that section: each entry (`recipe.py`,
+    """The "How it is built" tree, on whichever documentation page holds that section: each entry (`recipe/spec.py`,
     `data/`) with its text, continuation lines included."""
     pattern = re.compile(r"^#+ How it is built\n.*?^```\nqbench/\n(.*?)^```", re.MULTILINE | re.DOTALL)
     sections = [found for page in documentation_files() if (found := pattern.search(page.read_text()))]
@@ -303,7 +303,7 @@ def _commands() -> dict[str, list[tuple[str, ...]]]:
     (`--track`, `--no-track`)."""
     import typer
 
-    from qbench.cli_app import app
+    from qbench.cli.app import app
 
     found: dict[str, list[tuple[str, ...]]] = {}
 

@@ -17,7 +17,7 @@ import yaml
 from docs_text import documentation_files, located
 from user_model import make_user_project
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 
 def snippet_copies(name: str) -> dict[str, str]:

@@ -21,14 +21,14 @@ from mlflow.tracking import MlflowClient
 from sweep_factory import default_variants, make_sweep, make_variant
 from tiny_linear import make_linear_project, strict_copy
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
-from qbench.gate import evaluate_gate
-from qbench.gate_run import latest_results
-from qbench.recipe import GateSpec, load_recipe
-from qbench.recipe_registry import RegistrySpec
-from qbench.results import SweepResults, read_results
-from qbench.track_registry import best_passing, register_best
+from qbench.gate.evaluate import evaluate_gate
+from qbench.gate.run import latest_results
+from qbench.recipe.registry import RegistrySpec
+from qbench.recipe.spec import GateSpec, load_recipe
+from qbench.results.schema import SweepResults, read_results
+from qbench.track.registry import best_passing, register_best
 
 MODEL = "linear-classifier"
 
@@ -357,7 +357,7 @@ def test_a_registry_that_fails_is_one_error_after_a_few_tries_not_minutes_of_bac
     import urllib.error
     import urllib.request
 
-    from qbench.track_store import BOUNDED_RETRIES
+    from qbench.track.store import BOUNDED_RETRIES
 
     registry_calls: list[str] = []
 

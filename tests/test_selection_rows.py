@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from test_explain import SEARCH_BUDGET_S, write_fragile_project
 
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, write_fragile_project
 
 CALIBRATION_ROWS, EVALUATION_ROWS = 96, 200  # write_fragile_project's splits, apart by their filters
 # no row is left beyond the two splits, so half the calibration sample is kept apart from fitting to choose on
@@ -109,7 +109,7 @@ def _rows(feeds):
 def test_candidates_are_chosen_on_rows_no_candidate_was_calibrated_on(tmp_path):
     """A static candidate screened on its own calibration rows looks better than on fresh rows (MinMax covers
     exactly their extremes), which dynamic candidates never saw: no selection row is a row calibrated on."""
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     path = write_fragile_project(tmp_path, [])
     search = {"time_budget_s": SEARCH_BUDGET_S, "techniques": ["ort-static"]}
@@ -122,7 +122,7 @@ def test_candidates_are_chosen_on_rows_no_candidate_was_calibrated_on(tmp_path):
 def test_rows_left_out_only_by_the_evaluation_limit_choose_and_the_sample_stays_whole(tmp_path):
     """Rows the evaluation filter selects but its limit leaves out are neither evaluated nor calibrated on: the
     candidates are chosen on them, and every drawn calibration row is still fitted on."""
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     path = write_fragile_project(tmp_path, [{"name": "int8-auto", "precision": "int8", "calibrator": "auto"}])
     raw = yaml.safe_load(path.read_text())
@@ -174,8 +174,8 @@ def test_split_calibration_with_groups_chooses_on_whole_groups():
 def test_selection_rows_keep_labels_and_slices():
     import pandas as pd
 
-    from qbench.modelinfo import TensorMeta
-    from qbench.recipe_data import DataSpec
+    from qbench.modelinfo.signature import TensorMeta
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
@@ -205,8 +205,8 @@ def test_under_keep_the_selection_rows_judge_the_missing_slices_the_gate_judges(
     """`data.nonfinite_inputs: keep` makes a `missing:<column>` slice the gate judges; the candidates are chosen on
     it too, with the same rows in it."""
     from qbench.data import nonfinite_masks
-    from qbench.modelinfo import TensorMeta
-    from qbench.recipe_data import DataSpec
+    from qbench.modelinfo.signature import TensorMeta
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = _nan_table()
@@ -226,7 +226,7 @@ def test_under_error_no_row_with_nan_inputs_is_chosen_on():
     from types import SimpleNamespace
 
     from qbench.data import nonfinite_masks
-    from qbench.recipe_data import DataSpec
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import calibration_split
 
     table = _nan_table()
@@ -247,7 +247,7 @@ def test_under_error_no_row_past_the_evaluation_limit_with_nan_inputs_is_chosen_
 
     from qbench.data import nonfinite_masks
     from qbench.data.evaluation import EvaluationRows
-    from qbench.recipe_data import DataSpec
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import calibration_split
 
     table = _nan_table()
@@ -265,8 +265,8 @@ def test_under_error_no_row_past_the_evaluation_limit_with_nan_inputs_is_chosen_
 def test_selection_rows_read_the_missing_slices_from_the_masks_given_without_scanning_the_table_again(monkeypatch):
     """The table's NaN/inf scan is done once (preflight); building the selection rows reuses it."""
     import qbench.data.nonfinite as nonfinite
-    from qbench.modelinfo import TensorMeta
-    from qbench.recipe_data import DataSpec
+    from qbench.modelinfo.signature import TensorMeta
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = _nan_table()
@@ -311,8 +311,8 @@ def test_a_judged_slice_none_of_the_selection_rows_fall_in_is_named_where_the_ch
     every record of the choice carries (`chosen_on`) say so. A slice they do hold is not named."""
     import pandas as pd
 
-    from qbench.modelinfo import TensorMeta
-    from qbench.recipe_data import DataSpec
+    from qbench.modelinfo.signature import TensorMeta
+    from qbench.recipe.data import DataSpec
     from qbench.selection_rows import CalibrationSplit, chosen_on, selection_rows
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],

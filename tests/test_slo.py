@@ -12,12 +12,12 @@ import yaml
 from sweep_factory import make_sweep, make_variant
 from user_model import make_user_project
 
-from qbench.cli_app import main
-from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluate_gate
-from qbench.gate_report import check_line, failure_reasons
-from qbench.recipe_slo import SloSpec
-from qbench.report_serving import cheapest, slo_lines
-from qbench.results_serving import LoadStats, ServingResult
+from qbench.cli.app import main
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, GateSpec, evaluate_gate
+from qbench.gate.report import check_line, failure_reasons
+from qbench.recipe.slo import SloSpec
+from qbench.report.serving import cheapest, slo_lines
+from qbench.results.serving import LoadStats, ServingResult
 from qbench.slo import SLO_METRIC, SLO_SCOPE, judge_slo, p99_basis, serving_metrics
 
 SLO = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}})
@@ -336,9 +336,9 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     shown = "".join(capsys.readouterr())  # the sweep's tables on stderr, the gate's on stdout
     assert "SLO pass int8-pct@onnxruntime-cpu" in shown and "SLO BREACH" not in shown
     assert "cheapest meeting accuracy and SLO: " in shown and "per million" in shown
-    from qbench.gate_run import latest_results
-    from qbench.recipe import load_recipe
-    from qbench.results import read_results
+    from qbench.gate.run import latest_results
+    from qbench.recipe.spec import load_recipe
+    from qbench.results.schema import read_results
 
     results = read_results(latest_results(load_recipe(recipe)))
     for variant in results.variants:
@@ -352,11 +352,10 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
 
 
 def test_price_on_the_command_line(tmp_path):
-    from test_recipe import with_changes, write_recipe
-
     from qbench.errors import QbenchError
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
     from qbench.slo import with_prices
+    from tests.recipe.test_spec import with_changes, write_recipe
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(cost={"price_per_hour": {"onnxruntime-cpu": 0.1}})))
     priced = with_prices(recipe, ["onnxruntime-cpu=0.25"])
@@ -373,13 +372,13 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
     inferences/s cost 3.60 / 3600 / 1000 x 1e6 = $1.00 and $0.50 per million; at the highest rate within the
     10 ms budget, 1000 / that rate."""
     import numpy as np
-    from test_recipe import with_changes, write_recipe
 
-    from qbench.recipe import load_recipe
-    from qbench.results import LatencyPoint
+    from qbench.recipe.spec import load_recipe
+    from qbench.results.schema import LatencyPoint
     from qbench.slo import serving_figures
     from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
     from qbench.validate.load_search import search_max_rate
+    from tests.recipe.test_spec import with_changes, write_recipe
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 4]}, cost={"price_per_hour": {"onnxruntime-cpu": 3.6}},
@@ -410,7 +409,7 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
 def test_the_frontier_plot_gets_a_cost_panel():
     import re
 
-    from qbench.frontier_svg import frontier_document
+    from qbench.frontier.svg import frontier_document
 
     priced = frontier_document(_results())
     plain = frontier_document(make_sweep([make_variant("fp32", "fp32"), make_variant("int8-ok", "int8")]))
@@ -424,8 +423,8 @@ def test_the_frontier_plot_gets_a_cost_panel():
 
 
 def test_the_serving_table_marks_emulated_latency_and_names_the_columns():
-    from qbench.report_serving import serving_table
-    from qbench.results import EMULATED, NATIVE, Fidelity
+    from qbench.report.serving import serving_table
+    from qbench.results.schema import EMULATED, NATIVE, Fidelity
 
     results = _results(int8_p99=9.0)
     emulated = replace(results.variants[2], fidelity=Fidelity(NATIVE, EMULATED))
@@ -443,7 +442,7 @@ def test_the_serving_table_shows_no_p99_at_an_overloaded_rate_and_rates_within_b
     """At a rate above what one instance sustains the queue grows without bound: the finite simulation's p99 (9 ms
     over 5,000 requests) is no figure of that rate, so the cell says overloaded. A rate within budget of 227,530.6
     req/s is shown 227,530 (3 significant digits showed 2.28e+05, above the rate found), 99.96 req/s as 99.9 (not 100)."""
-    from qbench.report_serving import serving_table
+    from qbench.report.serving import serving_table
 
     results = _results(int8_p99=9.0)
     fast, ok = results.find("int8-fast", "onnxruntime-cpu"), results.find("int8-ok", "onnxruntime-cpu")
@@ -520,7 +519,7 @@ def test_no_cheapest_variant_across_machine_kinds_under_one_price():
 def _verdict_lines(results, gate) -> list[str]:
     """Every line the gate prints or writes that states a verdict: the SLO lines, the console lines, the summary, the
     JSON report's checks and the Markdown table's rows (the problems, which may name a variant, left out)."""
-    from qbench.gate_report import console_lines, markdown_summary, report_dict, summary_line
+    from qbench.gate.report import console_lines, markdown_summary, report_dict, summary_line
 
     table = [row for row in markdown_summary(gate).splitlines() if row.startswith("| ") and "@" in row]
     checks = [line for line in console_lines(gate) if not line.startswith("UNUSABLE ")]
@@ -602,7 +601,7 @@ def _searched(results, requests: dict[str, tuple[int, bool]]):
 
 
 def test_the_serving_table_shows_the_simulated_requests_and_whether_the_search_settled():
-    from qbench.report_serving import serving_table
+    from qbench.report.serving import serving_table
 
     results = _searched(_results(int8_p99=9.0), {"int8-fast": (320_000, True), "int8-ok": (20_000, False)})
     table = serving_table(results, evaluate_gate(results, GATE, slo=SLO))
@@ -614,7 +613,7 @@ def test_the_serving_table_shows_the_simulated_requests_and_whether_the_search_s
 
 
 def test_mlflow_shows_the_simulated_requests_and_whether_the_search_settled():
-    from qbench.track_content import variant_tags
+    from qbench.track.content import variant_tags
 
     results = _searched(_results(), {"int8-fast": (320_000, True), "int8-ok": (20_000, False)})
     fast, ok = results.find("int8-fast", "onnxruntime-cpu"), results.find("int8-ok", "onnxruntime-cpu")

@@ -10,12 +10,12 @@ import pytest
 import yaml
 from test_slo import GATE, SLO, _load, _results, _user_recipe
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
-from qbench.gate import EXIT_PASS, evaluate_gate
-from qbench.recipe_slo import CostSpec
-from qbench.report_serving import cheapest, slo_lines
-from qbench.results_serving import serving_from_dict
+from qbench.gate.evaluate import EXIT_PASS, evaluate_gate
+from qbench.recipe.slo import CostSpec
+from qbench.report.serving import cheapest, slo_lines
+from qbench.results.serving import serving_from_dict
 from qbench.slo import repriced
 
 
@@ -87,7 +87,7 @@ def test_the_budgets_rate_is_priced_on_instances_whose_share_of_it_the_simulatio
     waits for company) up to 6,937.5 req/s on this seed. 7,500 req/s was priced on ceil(7,500 / 6,937.5) = 2
     instances, each at 3,750 req/s, whose p99 is 4.3 ms: none of 2 to 5 instances meets the budget, so no cost; 9,000
     and 12,000 req/s split over 2 instances (4,500 and 6,000 req/s each) are within it."""
-    from qbench.results_serving import ServingResult
+    from qbench.results.serving import ServingResult
     from qbench.slo import instances_at_rate, priced, split_instances
     from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
 

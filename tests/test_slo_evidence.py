@@ -6,9 +6,9 @@ from dataclasses import replace
 
 from test_slo import GATE, SLO, _load, _results
 
-from qbench.gate import EXIT_UNUSABLE, evaluate_gate
-from qbench.recipe_slo import SloSpec
-from qbench.report_serving import cheapest
+from qbench.gate.evaluate import EXIT_UNUSABLE, evaluate_gate
+from qbench.recipe.slo import SloSpec
+from qbench.report.serving import cheapest
 from qbench.slo import judge_slo
 
 PAIR = [("int8-ok", "onnxruntime-cpu")]

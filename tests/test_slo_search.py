@@ -6,12 +6,12 @@ import math
 
 import numpy as np
 from stalled_timings import stalled_digits_samples
-from test_recipe import with_changes, write_recipe
 
-from qbench.recipe import load_recipe
-from qbench.results import LatencyPoint
-from qbench.results_serving import LoadStats
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import LatencyPoint
+from qbench.results.serving import LoadStats
 from qbench.slo import serving_figures
+from tests.recipe.test_spec import with_changes, write_recipe
 
 
 def test_a_search_cut_short_by_its_cost_does_not_skip_the_real_run_at_the_budgets_rate(tmp_path):

@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
 from qbench.errors import RecipeError  # noqa: E402
-from qbench.preflight import Prepared, prepare  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.preflight.prepare import Prepared, prepare  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 from qbench.sources import torch_export  # noqa: E402
 from qbench.verdicts import feeds_digest  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Code run inside a sweep's tracking process (qbench.track_process), for tests of what happens there."""
+"""Code run inside a sweep's tracking process (qbench.track.process), for tests of what happens there."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-WORKER = "qbench.track_worker"
+WORKER = "qbench.track.worker"
 
 
 def tracking_process_hook(folder: Path, code: str) -> Path:

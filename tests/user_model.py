@@ -185,7 +185,7 @@ def swept_breaches(recipe: Path) -> tuple[int, list[str]]:
     import contextlib
     import io
 
-    from qbench.cli_app import main
+    from qbench.cli.app import main
 
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):

@@ -42,7 +42,7 @@ from qbench.backends.tensorrt_spec import (
     unsupported_by_tensorrt,
 )
 from qbench.errors import MissingExtraError, QbenchError
-from qbench.modelinfo import ModelInfo, read_model_info
+from qbench.modelinfo.signature import ModelInfo, read_model_info
 from qbench.variants.base import BuiltVariant
 
 TENSORRT_EXTRA = "tensorrt"

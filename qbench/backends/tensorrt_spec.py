@@ -137,7 +137,7 @@ def engine_cache_key(
 def model_sha256(path: Path) -> str:
     """sha256 of an ONNX file's bytes and of the external data files it names (content only, not its name): every
     tensor's file, subgraphs' and Constant nodes' included (`external_data_files`), as onnx saves them all there."""
-    from qbench.modelinfo import external_data_files
+    from qbench.modelinfo.signature import external_data_files
 
     digest = hashlib.sha256()
     for file in [path, *(path.parent / location for location in external_data_files(path))]:

@@ -40,8 +40,8 @@ from qbench.backends.torch_trace import (
 )
 from qbench.environment import cpu_has_vnni, timed_threads
 from qbench.errors import MissingExtraError, QbenchError
-from qbench.modelinfo import read_model_info
-from qbench.results import EMULATED, NATIVE, Fidelity
+from qbench.modelinfo.signature import read_model_info
+from qbench.results.schema import EMULATED, NATIVE, Fidelity
 from qbench.sources.torch_outputs import flatten_outputs
 from qbench.sources.torch_wrappers import eval_mode
 from qbench.variants.base import TORCH, BuiltVariant

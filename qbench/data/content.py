@@ -16,8 +16,8 @@ import pandas as pd
 
 from qbench.data.images import image_content
 from qbench.data.text import token_content
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec
 
 
 def content_table(

@@ -28,8 +28,8 @@ from qbench.data.sampling import draw_calibration_sample, warn_thin_sample
 from qbench.data.slices import slice_masks
 from qbench.data.text_tables import CsvDialect, spreadsheet_error
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec, TextInputSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec, TextInputSpec
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import pandas as pd
 
 from qbench.data.text_tables import shown_text
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
+from qbench.modelinfo.signature import TensorMeta
 
 logger = logging.getLogger(__name__)
 

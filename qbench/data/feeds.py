@@ -3,7 +3,7 @@
 A column of single values becomes (N,) or (N, 1, ...) as the input's rank needs;
 a column of lists/arrays becomes (N, *cell_shape) and is then reshaped to the
 input's shape when the sizes agree (64 pixels -> (N, 1, 8, 8)). The first dim
-of every model input is the batch (`qbench.preflight_rows` checks that each row's outputs
+of every model input is the batch (`qbench.preflight.rows` checks that each row's outputs
 follow it). A text column with a tokenizer (`qbench.data.text`) feeds every model input
 named like one of the tokenizer's outputs (input_ids, ...); with `tokenizer.pair`, each row's two texts are
 encoded together as one pair.
@@ -36,8 +36,8 @@ from qbench.data.text import (
 )
 from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError, did_you_mean, names_listed
-from qbench.modelinfo import TensorMeta, shared_by_batch
-from qbench.recipe_data import ImageInputSpec, InputTarget, TextInputSpec
+from qbench.modelinfo.signature import TensorMeta, shared_by_batch
+from qbench.recipe.data import ImageInputSpec, InputTarget, TextInputSpec
 
 logger = logging.getLogger(__name__)
 

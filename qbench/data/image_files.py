@@ -21,7 +21,7 @@ from qbench.data.images import image_file, image_root
 from qbench.digests import bytes_sha256, files_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.recipe import Recipe
+    from qbench.recipe.spec import Recipe
 
 
 @dataclass(frozen=True)

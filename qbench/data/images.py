@@ -35,8 +35,8 @@ import pandas as pd
 from qbench.digests import bytes_sha256
 from qbench.environment import available_memory
 from qbench.errors import MissingExtraError, RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec, InputTarget
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec, ImageInputSpec, ImageSpec, InputTarget
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import RecipeError, expected_one_of, short_repr
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 FIELD = "data.label"
 ZERO_ONE_TEXT = {"0": 0, "1": 1, "0.0": 0, "1.0": 1, "false": 0, "true": 1}  # a CSV cell's text, case aside

@@ -26,7 +26,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec, InputTarget
+from qbench.recipe.data import DataSpec, InputTarget
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from qbench.data.filters import scalar_column
 from qbench.data.leakage import row_digests
-from qbench.recipe_data import CalibrationSpec, DataSpec
+from qbench.recipe.data import CalibrationSpec, DataSpec
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from qbench.data.filters import (
 from qbench.data.load import table_name
 from qbench.data.text import check_pair_column, text_cells, token_counts
 from qbench.errors import RecipeError
-from qbench.recipe_data import InputTarget, SliceSpec, TextInputSpec
+from qbench.recipe.data import InputTarget, SliceSpec, TextInputSpec
 
 MAX_SLICES_PER_COLUMN = 50
 CONTINUOUS_MIN_VALUES = 10  # a `by` column of numbers with more distinct values than this ...

@@ -45,7 +45,7 @@ import pandas as pd
 
 from qbench.data.load import table_name
 from qbench.errors import MissingExtraError, RecipeError, did_you_mean, names_listed
-from qbench.recipe_data import DataSpec, TextInputSpec, TokenizerSpec
+from qbench.recipe.data import DataSpec, TextInputSpec, TokenizerSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import PreTrainedTokenizerBase

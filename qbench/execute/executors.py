@@ -27,9 +27,9 @@ from qbench.execute.jobs import (
 )
 from qbench.execute.plan import Job, JobNeeds
 from qbench.execute.store import BuildStore
-from qbench.preflight import Prepared
-from qbench.recipe import Recipe, VariantSpec
-from qbench.results import AccuracyResult
+from qbench.preflight.prepare import Prepared
+from qbench.recipe.spec import Recipe, VariantSpec
+from qbench.results.schema import AccuracyResult
 from qbench.variants.base import BuiltVariant
 
 RAY_EXTRA = "ray"

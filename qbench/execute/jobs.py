@@ -28,10 +28,10 @@ from qbench.execute.plan import build_facts, searches
 from qbench.execute.resume import measured_with
 from qbench.execute.store import BuildStore, StoreUnwritable, manifest_of
 from qbench.interrupt import held
-from qbench.preflight import Prepared
+from qbench.preflight.prepare import Prepared
 from qbench.provenance import model_bytes, model_sha256
-from qbench.recipe import VariantSpec
-from qbench.results import AccuracyResult, VariantResult
+from qbench.recipe.spec import VariantSpec
+from qbench.results.schema import AccuracyResult, VariantResult
 from qbench.validate.clock import PhaseClock
 from qbench.validate.measure import Measured, Reference, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
@@ -188,7 +188,7 @@ def _int8_search(
 ) -> tuple[BuiltVariant, dict[str, Any]]:
     """Run the recipe's INT8 search into `folder`: its pick and its report (JSON form); raises _BuildFailed when
     there is none. Its failure is the searched variant's failure; the sweep goes on."""
-    from qbench.results import to_jsonable
+    from qbench.results.schema import to_jsonable
     from qbench.search.run import run_search
 
     reference = search[1] if search is not None else None

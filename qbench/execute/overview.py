@@ -25,7 +25,7 @@ from qbench.execute.resume import (
 )
 from qbench.execute.store import BuildStore, built_from_manifest
 from qbench.provenance import input_digests, model_sha256
-from qbench.recipe import Recipe
+from qbench.recipe.spec import Recipe
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import qbench
 from qbench.backends import BACKENDS
 from qbench.backends.base import needs_gpu
 from qbench.provenance import InputDigest
-from qbench.recipe import RUN_FIELDS, Recipe, VariantSpec
+from qbench.recipe.spec import RUN_FIELDS, Recipe, VariantSpec
 from qbench.techniques.base import BUILD_PACKAGES
 
 JobKind = Literal["build", "measure"]
@@ -85,7 +85,7 @@ def measure_id(variant: str, backend: str) -> str:
 
 
 def plan_fingerprint(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> str:
-    """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.RUN_FIELDS, field by field), of
+    """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.spec.RUN_FIELDS, field by field), of
     every input file, and of qbench."""
     exclude = {section: set(fields) if fields else True for section, fields in RUN_FIELDS.items()}
     payload = recipe.model_dump(mode="json", exclude=exclude)

@@ -48,10 +48,10 @@ from qbench.execute.jobs import (
 from qbench.execute.plan import TIMING_RESOURCE, Job, JobNeeds
 from qbench.execute.store import BuildStore
 from qbench.interrupt import Interrupted
-from qbench.preflight import Prepared
+from qbench.preflight.prepare import Prepared
 from qbench.provenance import InputDigest
-from qbench.recipe import Recipe, VariantSpec
-from qbench.results import AccuracyResult
+from qbench.recipe.spec import Recipe, VariantSpec
+from qbench.results.schema import AccuracyResult
 
 Inputs = Mapping[str, InputDigest]  # the input digests the driver recorded (qbench.provenance)
 
@@ -67,8 +67,8 @@ def _worker_prepared(recipe: Recipe, inputs: Inputs, store: BuildStore) -> Prepa
     snapshot of the inputs the driver hashed (qbench.execute.snapshot): the driver's copies when the store is
     a folder every node mounts, else this node's, checked against the same digests."""
     from qbench.execute.snapshot import take_snapshot
-    from qbench.preflight import prepare
-    from qbench.results import canonical_sha256
+    from qbench.preflight.prepare import prepare
+    from qbench.results.schema import canonical_sha256
 
     digests = {name: entry.sha256 for name, entry in inputs.items()}
     key = canonical_sha256({"recipe": recipe.model_dump(mode="json"), "source": str(recipe.source), "inputs": digests})

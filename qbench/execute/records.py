@@ -12,7 +12,7 @@
 A record of a job that ran also keeps when (`times`, epoch seconds): `submitted` to the executor and
 `recorded` by the driver (the driver's clock), `started` and `ended` where it ran (that node's clock). A measurement's
 record keeps what measured it (`measured_with`) and the kinds of evidence its qbench records (`evidence`, from
-qbench.results_evidence): a resume reuses it only where both are today's (qbench.execute.resume).
+qbench.results.evidence): a resume reuses it only where both are today's (qbench.execute.resume).
 
 A job that failed for a reason outside the variant (qbench.errors.environment_cause: out of memory, a full disk,
 a worker lost after its retries) says why in `environment`. A job the sweep's process died running (a native crash,
@@ -52,8 +52,8 @@ from qbench.digests import file_sha256
 from qbench.errors import QbenchError
 from qbench.execute.plan import SweepPlan
 from qbench.files import replace_atomically, write_atomically
-from qbench.results import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
-from qbench.results_evidence import RECORDED, evidence_from_dict
+from qbench.results.evidence import RECORDED, evidence_from_dict
+from qbench.results.schema import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run, ran_supervised, running_here
 from qbench.supervisor import DIED_FILE
 
@@ -83,7 +83,7 @@ class JobRecord:
     run: str = ""  # the name of the run folder that recorded it (the one taken up, or one it resumes)
     # a measurement's: what measured it (qbench.environment.measurement_facts); None: recorded by an older qbench
     measured_with: dict[str, str] | None = None
-    # a measurement's: the kinds of evidence (qbench.results_evidence) the qbench that recorded it records; () when
+    # a measurement's: the kinds of evidence (qbench.results.evidence) the qbench that recorded it records; () when
     # recorded by one from before records kept them
     evidence: tuple[str, ...] = RECORDED
     # input name -> sha256 of each module of the user's project the run that recorded it ran (its plan.json's

@@ -9,7 +9,7 @@ One set of rules, which the resumed sweep acts on (qbench.execute.scheduler) and
              full disk, a lost worker: qbench.errors.environment_cause), or whose build runs again; a measurement
              made with another runtime or on another kind of machine than this resume's (`measured_with`), or
              relative to an FP32 reference measurement that runs again (`reference_again`), or recorded by a qbench
-             that did not record every kind of evidence this one's results claim (qbench.results_evidence), or by
+             that did not record every kind of evidence this one's results claim (qbench.results.evidence), or by
              a run whose recipe's code imported a module of the user's project that has changed since (`code_changes`)
     new      a job the run taken up did not record
 
@@ -33,10 +33,10 @@ from qbench.errors import QbenchError, one_line
 from qbench.execute.plan import Job, SweepPlan, measure_id
 from qbench.execute.records import JobRecord, failed_jobs, finished_run, read_records, resumable_run
 from qbench.provenance import PROJECT_MODULE_INPUT, changed_inputs, code_modules, recorded_module_files
-from qbench.results_evidence import unrecorded
+from qbench.results.evidence import unrecorded
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.recipe import Recipe
+    from qbench.recipe.spec import Recipe
 
 REUSE, RERUN, NEW = "reuse", "re-run", "new"
 
@@ -171,7 +171,7 @@ def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> 
 
 
 def _unrecorded(evidence: tuple[str, ...]) -> str:
-    """'' when a record's `evidence` holds every kind this qbench records (qbench.results_evidence), else which it
+    """'' when a record's `evidence` holds every kind this qbench records (qbench.results.evidence), else which it
     lacks: results.json claims every kind for what it holds, so a result lacking one would pass checks never applied
     (and a gate told so would refuse the whole file), so it is measured again. The kinds of a recipe's code are the
     resuming sweep's own record (the project modules it imported), never a job's."""
@@ -181,7 +181,7 @@ def _unrecorded(evidence: tuple[str, ...]) -> str:
 def code_changes(recorded: Mapping[str, str] | None, recipe: Recipe) -> tuple[str, ...]:
     """'python module <name> changed' (or 'no longer found') for each module of the user's project whose digest a run
     recorded (`recorded`: its plan's `project_modules`) and whose file, found by its name as an import from the
-    recipe's folder finds it, differs now: the gate's rule (qbench.gate_fresh.stale_inputs), applied before anything
+    recipe's folder finds it, differs now: the gate's rule (qbench.gate.fresh.stale_inputs), applied before anything
     is imported, so `--plan` and the resume say the same. A run that recorded none (an older qbench) cannot show the
     code it ran was this one, for a recipe that names code."""
     if recorded is None:

@@ -51,10 +51,10 @@ from qbench.execute.resume import (
     runs_onnx_file,
 )
 from qbench.execute.store import BuildStore, built_from_manifest
-from qbench.preflight import Prepared
+from qbench.preflight.prepare import Prepared
 from qbench.provenance import model_sha256
-from qbench.results import AccuracyResult, VariantResult
-from qbench.results_search import SearchReport, search_from_dict
+from qbench.results.schema import AccuracyResult, VariantResult
+from qbench.results.search import SearchReport, search_from_dict
 from qbench.runs import describe_run, run_folder_writes
 from qbench.validate.background import busy_beside_timing, hand_over_beside_timing, settle_before_timing
 from qbench.validate.clock import PhaseClock

@@ -43,7 +43,7 @@ from qbench.provenance import (
     image_files_input,
     tokenizer_input,
 )
-from qbench.recipe_data import DataSpec, ImageInputSpec, TextInputSpec
+from qbench.recipe.data import DataSpec, ImageInputSpec, TextInputSpec
 
 logger = logging.getLogger(__name__)
 

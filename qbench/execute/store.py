@@ -33,7 +33,7 @@ from qbench.files import cache_dir, folder_writes, new_folder
 from qbench.variants.base import BuiltVariant
 
 if TYPE_CHECKING:
-    from qbench.recipe import Recipe
+    from qbench.recipe.spec import Recipe
 
 logger = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def manifest_of(built: BuiltVariant, folder: Path, environment: dict[str, str], 
 
     `reusable` is False when the build's torch form lives only in memory (QAT, ModelOpt): a resumed sweep
     builds such a variant again rather than measure it without that form."""
-    from qbench.results import to_jsonable
+    from qbench.results.schema import to_jsonable
 
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     return {

@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from qbench.data.sampling import allocate_proportionally
-from qbench.modelinfo import ModelInfo
-from qbench.recipe import Recipe
+from qbench.modelinfo.signature import ModelInfo
+from qbench.recipe.spec import Recipe
 
 # rows written for a model Triton batches: larger batches cycle through them
 MAX_ROWS = 64

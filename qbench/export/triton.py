@@ -42,12 +42,12 @@ from qbench.export.triton_config import (
     unbatched_outputs,
 )
 from qbench.files import file_in_the_way, new_folder
-from qbench.gate import GateReport
-from qbench.gate_run import run_gate
-from qbench.modelinfo import ModelInfo, external_data_files, read_model_info
+from qbench.gate.evaluate import GateReport
+from qbench.gate.run import run_gate
+from qbench.modelinfo.signature import ModelInfo, external_data_files, read_model_info
 from qbench.provenance import model_bytes, model_sha256
-from qbench.recipe import Recipe
-from qbench.results import LatencyPoint, SweepResults, VariantResult
+from qbench.recipe.spec import Recipe
+from qbench.results.schema import LatencyPoint, SweepResults, VariantResult
 
 DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"

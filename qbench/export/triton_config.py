@@ -15,8 +15,8 @@ from typing import Any
 
 from qbench.errors import QbenchError, expected_one_of
 from qbench.export.pbtxt import EnumValue
-from qbench.modelinfo import ModelInfo, TensorMeta
-from qbench.results import VariantResult
+from qbench.modelinfo.signature import ModelInfo, TensorMeta
+from qbench.results.schema import VariantResult
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from qbench.results_search import CandidateRecord
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.search.retime import RETIME_ROUNDS
 

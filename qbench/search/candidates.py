@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qbench.recipe import SmoothQuantSpec, VariantSpec
-from qbench.recipe_search import SearchSpec
+from qbench.recipe.search import SearchSpec
+from qbench.recipe.spec import SmoothQuantSpec, VariantSpec
 
 STATIC_OP_TYPES = ("Conv", "MatMul", "Gemm")  # where INT8 kernels save time; the rest stays float
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
 from qbench.files import write_fault
-from qbench.preflight import Prepared
-from qbench.recipe_search import SearchSpec
-from qbench.results_search import CandidateRecord
+from qbench.preflight.prepare import Prepared
+from qbench.recipe.search import SearchSpec
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.search.budget import RANKING, SCREEN, Budget, build_kind
 from qbench.search.candidates import Candidate

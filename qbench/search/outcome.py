@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from qbench.gate_resolution import PASS_UNRESOLVED
-from qbench.results_search import CandidateRecord
+from qbench.gate.resolution import PASS_UNRESOLVED
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.variants import BuiltVariant
 

@@ -1,9 +1,9 @@
 """The keep-float stage's sensitivity ranking: the nodes a build quantized, the costliest first.
 
 Each node's cost is the noise its quantization causes at the model's outputs (against FP32 on the screening rows, the
-built Q/DQ model run with that node bypassed: qbench.explain_output), where measuring every node is predicted to take
+built Q/DQ model run with that node bypassed: qbench.explain.output), where measuring every node is predicted to take
 at most OUTPUT_SHARE of the time the search has left; beyond that, and for nodes a graph edit cannot bypass, the noise
-each adds where it computes (per-layer SQNR, qbench.explain_graph.sqnr_costs). Per-layer SQNR alone kept the wrong node
+each adds where it computes (per-layer SQNR, qbench.explain.graph.sqnr_costs). Per-layer SQNR alone kept the wrong node
 float: on a wide MLP whose head amplifies its first layer's noise it ranked the head first, and the search said
 "unreachable" where keeping the first layer float passed. `Ranking.note` says which ranking was used.
 
@@ -24,8 +24,8 @@ import numpy as np
 
 from qbench.backends import Backend
 from qbench.backends.base import RunOptions
-from qbench.explain_graph import quantized_nodes, sqnr_costs
-from qbench.explain_output import merged_order, output_effects
+from qbench.explain.graph import quantized_nodes, sqnr_costs
+from qbench.explain.output import merged_order, output_effects
 from qbench.files import write_fault
 from qbench.validate.measure import describe_error
 from qbench.variants import BuiltVariant

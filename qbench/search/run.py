@@ -41,14 +41,14 @@ from pathlib import Path
 from qbench.backends import Backend
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate import GateReport, judge, too_small
-from qbench.gate_report import failure_reasons
-from qbench.gate_resolution import unresolved_pick, unresolved_reasons
-from qbench.gate_tolerance import Tolerances, reference_tolerances, tolerances_by_metric
-from qbench.preflight import Prepared
-from qbench.recipe import LatencySpec
-from qbench.recipe_search import SearchSpec
-from qbench.results_search import CandidateRecord, SearchReport
+from qbench.gate.evaluate import GateReport, judge, too_small
+from qbench.gate.report import failure_reasons
+from qbench.gate.resolution import unresolved_pick, unresolved_reasons
+from qbench.gate.tolerance import Tolerances, reference_tolerances, tolerances_by_metric
+from qbench.preflight.prepare import Prepared
+from qbench.recipe.search import SearchSpec
+from qbench.recipe.spec import LatencySpec
+from qbench.results.search import CandidateRecord, SearchReport
 from qbench.search import select
 from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue

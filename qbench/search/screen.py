@@ -16,9 +16,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from qbench.gate import GateReport
-from qbench.results import AccuracyResult, SliceMetrics, VariantResult
-from qbench.results_search import CandidateRecord
+from qbench.gate.evaluate import GateReport
+from qbench.results.schema import AccuracyResult, SliceMetrics, VariantResult
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.validate.catalogue import METRICS
 from qbench.validate.measure import Measured

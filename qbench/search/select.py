@@ -12,7 +12,7 @@
 - `timing_noise`: how far a speed-up estimate may be off, from one model's repeated timings over the
   search: estimates that close may still rank either way, so `may_win` widens its margin to it.
 - `choose`: the fastest candidate whose full evaluation passed the gate (ties broken by accuracy, not noise), a pass
-  resolved on the selection rows before any unresolved one (`passing`, qbench.gate_resolution: the rule
+  resolved on the selection rows before any unresolved one (`passing`, qbench.gate.resolution: the rule
   `calibrator: auto` and `fallback:` choose by too).
 - `keep_float_bases`: which failing candidates get nodes kept in floating point.
 - `closest` / `needed`: when none passed, the candidate nearest to passing and what it would take; `nearness`: the
@@ -29,9 +29,9 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from qbench.gate_resolution import passing
-from qbench.report_grid import compared, percent
-from qbench.results_search import CandidateRecord
+from qbench.gate.resolution import passing
+from qbench.report.grid import compared, percent
+from qbench.results.search import CandidateRecord
 from qbench.variants.base import NO_RANGE
 
 SCREEN_SLACK = 1.5  # a candidate whose screening excess is at most this is evaluated in full

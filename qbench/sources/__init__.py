@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qbench.errors import RecipeError
-from qbench.recipe import Recipe
+from qbench.recipe.spec import Recipe
 
 if TYPE_CHECKING:  # pragma: no cover
     from qbench.execute.snapshot import Snapshot

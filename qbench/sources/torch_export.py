@@ -28,7 +28,7 @@ from qbench.errors import QbenchError
 from qbench.execute.store import remove_abandoned
 from qbench.files import cache_dir as qbench_cache_dir
 from qbench.files import new_folder, write_fault
-from qbench.preflight_random import random_refusal, random_sources
+from qbench.preflight.randomness import random_refusal, random_sources
 from qbench.sources.torch_lengths import other_lengths
 from qbench.sources.torch_model import EXAMPLE_BATCH, TorchModel, single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs

@@ -12,7 +12,7 @@ from typing import Any
 
 from qbench.digests import file_sha256
 from qbench.errors import RecipeError, did_you_mean
-from qbench.recipe import Recipe
+from qbench.recipe.spec import Recipe
 from qbench.user_code import changed_after_import, edited_since_seen, first_on_sys_path
 
 _FIELD = "model.factory_arguments"

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from qbench.recipe import Recipe
-from qbench.recipe_data import TextInputSpec
+from qbench.recipe.data import TextInputSpec
+from qbench.recipe.spec import Recipe
 
 TOKEN_AXIS = 1
 

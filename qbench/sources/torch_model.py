@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from qbench.digests import file_sha256
 from qbench.errors import MissingExtraError, QbenchError, RecipeError
-from qbench.recipe import Recipe
+from qbench.recipe.spec import Recipe
 from qbench.sources.torch_factory import call_factory, describe
 from qbench.sources.torch_lengths import dynamic_lengths
 from qbench.sources.torch_outputs import flatten_outputs, own_names

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from qbench.errors import QbenchError
-from qbench.modelinfo import TensorMeta
-from qbench.results import SliceMetrics
+from qbench.modelinfo.signature import TensorMeta
+from qbench.results.schema import SliceMetrics
 from qbench.validate import metrics
 from qbench.validate.catalogue import MetricInfo
 from qbench.validate.float_range import FloatFormat

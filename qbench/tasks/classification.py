@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qbench.modelinfo import TensorMeta
-from qbench.modelinfo_classes import keys_are_columns
-from qbench.results import SliceMetrics
+from qbench.modelinfo.classes import keys_are_columns
+from qbench.modelinfo.signature import TensorMeta
+from qbench.results.schema import SliceMetrics
 from qbench.tasks.base import (
     LabelError,
     RowSummary,
@@ -273,7 +273,7 @@ class Classification(Task):
     ) -> Sequence[Any]:
         """Labels naming classes become the column the evaluated scores give that class: its position among a string
         ZipMap's sorted keys (as the map is read), or in a score or label tensor's class table
-        (qbench.modelinfo_classes). Labels that are no class of such an output are an error; without one, labels are
+        (qbench.modelinfo.classes). Labels that are no class of such an output are an error; without one, labels are
         column ids. A label output read through its table is refused beside an output stating other classes."""
         stated = [(o, table) for o in outputs if (table := column_classes(o)) is not None]
         if not stated:

@@ -25,7 +25,7 @@ from qbench.tasks.base import INPUTS_PARAMETER, CustomMetric
 from qbench.user_code import first_on_sys_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.recipe import Recipe
+    from qbench.recipe.spec import Recipe
 
 SIGNATURE = f"(outputs, labels[, reference_outputs][, {INPUTS_PARAMETER}])"
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)

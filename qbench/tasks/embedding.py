@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from qbench.errors import QbenchError
-from qbench.modelinfo import TensorMeta
-from qbench.results import SliceMetrics
+from qbench.modelinfo.signature import TensorMeta
+from qbench.results.schema import SliceMetrics
 from qbench.tasks.base import (
     LabelError,
     RowSummary,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qbench.errors import QbenchError, expected_one_of, plain_name
-from qbench.modelinfo import ModelInfo, TensorMeta, rows_input
+from qbench.modelinfo.signature import ModelInfo, TensorMeta, rows_input
 from qbench.tasks.base import Task
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from qbench.modelinfo import TensorMeta
-from qbench.results import SliceMetrics
+from qbench.modelinfo.signature import TensorMeta
+from qbench.results.schema import SliceMetrics
 from qbench.tasks.base import (
     LabelError,
     RowSummary,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from qbench.modelinfo import TensorMeta
-from qbench.results import SliceMetrics
+from qbench.modelinfo.signature import TensorMeta
+from qbench.results.schema import SliceMetrics
 from qbench.tasks.base import LabelError, is_float, mean_or_nan, no_label, wilson
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics

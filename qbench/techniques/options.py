@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from qbench.errors import did_you_mean, short_repr
-from qbench.recipe_filters import check_filter
+from qbench.recipe.filters import check_filter
 
 
 class StrictConfig(BaseModel):

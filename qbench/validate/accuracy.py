@@ -17,7 +17,7 @@ import numpy as np
 
 from qbench.backends.base import Runner
 from qbench.errors import QbenchError, environment_cause
-from qbench.results import AccuracyResult, SliceMetrics
+from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.tasks import CustomMetric, get_task
 from qbench.tasks.base import SEQUENCE_IDS, MetricError, RowSummary, Task
 from qbench.validate import catalogue, metrics
@@ -438,7 +438,7 @@ def shared_cosines(task: str, reference_outputs: Mapping[str, np.ndarray]) -> di
     scoring cosines with FP32 (embedding); finite values only. A variant answering another row's FP32 vector scores
     about that cosine, so 1 minus it is the most a cosine can drop before it tells rows apart: mean-pooled vectors
     sharing one dominant direction (a small Whisper encoder's: 0.99987) leave a cosine tolerance of 0.01 nothing to
-    judge (qbench.gate_notes.cosine_without_room)."""
+    judge (qbench.gate.notes.cosine_without_room)."""
     if "cosine" not in {info.name for info in get_task(task).metric_infos}:
         return {}
     shared = {name: shared_cosine(np.asarray(values)) for name, values in reference_outputs.items()}

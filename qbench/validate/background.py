@@ -1,6 +1,6 @@
 """Work that runs beside the measurements and must be idle while anything is timed.
 
-The sweep's MLflow logging runs in a process of its own (qbench.track_process) so that importing MLflow and
+The sweep's MLflow logging runs in a process of its own (qbench.track.process) so that importing MLflow and
 writing to its store overlap the sweep's building and scoring instead of adding to its wall time. On a machine of
 two cores a second busy process slows the runs being timed, so `measure` calls `settle_before_timing()` before it
 times anything: every such worker registered here first finishes the work it was handed. Nothing new is handed

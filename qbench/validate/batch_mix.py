@@ -8,7 +8,7 @@ batches of mixed rows: a slice with 100x larger activations then coarsens every 
 
 Whether a variant's rows depend on their batch is measured, whatever built it (`batch_dependence`): the loudest
 evaluation rows and rows drawn with a fixed seed from the rest (`detection_rows`) are run as one batch and each alone, and must agree within the
-tolerance of the FP32 row-independence check (qbench.preflight_rows). Such a variant is run again on every row at
+tolerance of the FP32 row-independence check (qbench.preflight.rows). Such a variant is run again on every row at
 each batch size it serves (`served_arrangements`: `latency.batch_sizes`), its
 rows in a seeded mix, and each scope (overall, each slice) is judged at its worst arrangement (`worst_scopes`).
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from qbench.preflight_rows import rows_moved
-from qbench.recipe import Recipe
-from qbench.results import AccuracyResult, SliceMetrics
+from qbench.preflight.rows import rows_moved
+from qbench.recipe.spec import Recipe
+from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.verdicts import Agreement
 
 Feeds = dict[str, np.ndarray]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qbench.results_serving import BoundEstimate
+from qbench.results.serving import BoundEstimate
 
 MEMORY_BOUND_FRACTION = 0.5
 OVERHEAD_SHARE = 0.5

@@ -33,11 +33,11 @@ class MetricInfo:
     # cosine, kl_mean or an error is NaN: what the gate suggests gating on there
     counts_nonfinite_rows: bool = False
     # in the label's or output's units (an MAE, an output's largest error): an absolute default tolerance means
-    # nothing there, so the gate's defaults are shares of FP32's figure (qbench.gate_tolerance)
+    # nothing there, so the gate's defaults are shares of FP32's figure (qbench.gate.tolerance)
     data_units: bool = False
     # a share of rows scored against labels: the metric of the same output and units that counts the units whose
     # decision is FP32's. A change right -> wrong can offset one wrong -> right, so a drop of 0 may hide many
-    # changes; the gate bounds the drop's noise by how many units changed (qbench.gate_resolution)
+    # changes; the gate bounds the drop's noise by how many units changed (qbench.gate.resolution)
     decisions: str = ""
     # the mean over its scope's rows (or its `denominators` units) of a figure each has within [low, high] whatever
     # the other rows hold (rows FP32 gives NaN/inf left out, unless `counts_nonfinite_rows`): some of a scope's rows

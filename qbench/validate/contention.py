@@ -32,7 +32,7 @@ from qbench.environment import binding_quota, recorded_quota
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
 
-    from qbench.results import LatencyPoint, LatencyResult, SweepResults
+    from qbench.results.schema import LatencyPoint, LatencyResult, SweepResults
 
 # Other processes using half a CPU on average held one of ours half of the time: enough to move a p50 by more
 # than the timing windows' 5 % (the A/A test's outliers ran beside one to two busy CPUs).

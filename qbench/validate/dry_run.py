@@ -10,9 +10,9 @@ import numpy as np
 
 from qbench.backends import Backend
 from qbench.errors import QbenchError, RecipeError
-from qbench.preflight import Prepared
-from qbench.preflight_checks import check_masked_outputs, check_output_memory
-from qbench.preflight_rows import batches_a_graph_may_fix, one_row_only, runs_batch
+from qbench.preflight.checks import check_masked_outputs, check_output_memory
+from qbench.preflight.prepare import Prepared
+from qbench.preflight.rows import batches_a_graph_may_fix, one_row_only, runs_batch
 from qbench.tasks import get_task
 from qbench.validate.measure import Rows, measure
 from qbench.variants import BuiltVariant

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qbench.backends.base import Backend, native_precisions
-from qbench.results import EMULATED, Fidelity
+from qbench.results.schema import EMULATED, Fidelity
 from qbench.variants import EMULATIONS, BuiltVariant
 from qbench.variants.emulate import Emulation
 

@@ -1,5 +1,5 @@
 """What part of FP32's behaviour a variant kept, component by component: pure functions behind the gate's `*_kept`
-checks (qbench.gate_outputs).
+checks (qbench.gate.outputs).
 
 A partly broken variant keeps its outputs' spread (output_spread) and most of its rows: one class's logit collapsed,
 outputs clamped at the calibration sample's maximum, a few embedding dimensions stuck at a constant. Its overall and
@@ -53,8 +53,8 @@ import math
 
 import numpy as np
 
-from qbench.gate_resolution import CONFIDENCE, binomial_tail, rows_to_resolve
-from qbench.results import Kept
+from qbench.gate.resolution import CONFIDENCE, binomial_tail, rows_to_resolve
+from qbench.results.schema import Kept
 from qbench.validate.metrics import INVALID_CLASS, row_blocks
 
 KEPT = 0.5

@@ -31,8 +31,8 @@ from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
 from qbench.errors import QbenchError
 from qbench.progress import track
-from qbench.recipe import StabilitySpec
-from qbench.results import LatencyPoint
+from qbench.recipe.spec import StabilitySpec
+from qbench.results.schema import LatencyPoint
 from qbench.validate.contention import cpu_sample, others_cpus
 from qbench.validate.outputs import batch_named, row_count
 from qbench.validate.stability import StabilityRule, WindowedStability, iqr_ratio, run_until_stable

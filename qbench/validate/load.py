@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from qbench.errors import QbenchError
-from qbench.results_serving import LoadStats
+from qbench.results.serving import LoadStats
 from qbench.validate.tail import ShareOver, TailBound, Verdict, regenerations, tail_share_bound
 
 

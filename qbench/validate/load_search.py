@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from qbench.errors import QbenchError
-from qbench.results_serving import LoadStats
+from qbench.results.serving import LoadStats
 from qbench.validate.load import LoadReplay, throughput_falls
 from qbench.validate.tail import Verdict
 

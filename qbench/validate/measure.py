@@ -30,11 +30,11 @@ from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
-from qbench.preflight import Prepared, check_labels_fit_outputs
-from qbench.preflight_labels import check_labels_beat_chance
+from qbench.preflight.labels import check_labels_beat_chance
+from qbench.preflight.prepare import Prepared, check_labels_fit_outputs
 from qbench.provenance import model_bytes, model_sha256
-from qbench.recipe import LatencySpec
-from qbench.results import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
+from qbench.recipe.spec import LatencySpec
+from qbench.results.schema import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
 from qbench.tasks.selection import outputs_not_compared
@@ -208,7 +208,7 @@ def measure(
     threads = timing.threads if timing is not None else prepared.recipe.latency.threads
     fixed = prepared.batch
     # a variant's rows whose outputs follow their batch are judged also as served (qbench.validate.batch_mix);
-    # FP32 has its own check (qbench.preflight_rows), a fixed batch is served as evaluated
+    # FP32 has its own check (qbench.preflight.rows), a fixed batch is served as evaluated
     mix = served_arrangements(prepared.recipe) if score and reference is not None and fixed is None else []
     batch_sizes = (fixed,) if fixed is not None else (*(timing.batch_sizes if timing is not None else ()),
                                                       *(a.batch_size for a in mix), rows.batch_size, 1)  # fmt: skip

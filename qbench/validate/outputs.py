@@ -17,7 +17,7 @@ import numpy as np
 from qbench.backends.base import Runner
 from qbench.data.feeds import iter_batches
 from qbench.errors import QbenchError
-from qbench.modelinfo_classes import keys_are_columns
+from qbench.modelinfo.classes import keys_are_columns
 from qbench.progress import track
 
 

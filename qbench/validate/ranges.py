@@ -40,7 +40,7 @@ import onnx
 from qbench.data.feeds import take_batch
 from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.progress import track_rows
-from qbench.results_ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
+from qbench.results.ranges import ClipRecord, CoverageWarning, LimitCheck, RangeAnalysis, TensorPeak
 from qbench.variants.float_support import tensor_types
 from qbench.variants.fp8 import FP8_MAX
 from qbench.variants.onnx_utils import (

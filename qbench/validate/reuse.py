@@ -3,7 +3,7 @@
 A search screens each candidate on some of the rows it later evaluates it on, and measures FP32 on every row before
 it screens FP32 on some of them: the outputs of those rows are known. Taking them gives what running every row
 gives only where each row's outputs follow that row alone, whatever is batched beside it: FP32 (its rows are
-checked at preflight: qbench.preflight_rows) and a variant whose rows were seen not to depend on their batch
+checked at preflight: qbench.preflight.rows) and a variant whose rows were seen not to depend on their batch
 (`Measured.rows_independent`; measure checks the rows it evaluates again, and runs them all where they do depend).
 Only outputs are taken: a timing is of the rows it ran, never of others.
 """

@@ -4,7 +4,7 @@ The reading decides how kl_mean compares a variant with FP32: probabilities as t
 through their softmax. Read the wrong way, probabilities go through a second softmax that flattens both rows (a
 variant whose top class moved on 6 rows in 10 showed kl_mean 0.02 where it was 1.37), and logits are clipped and
 renormalised as if they were a distribution. So the graph decides where it says how the scores are made (a
-Softmax or Sigmoid, an ONNX-ML classifier's probability transform: qbench.modelinfo_classes), and otherwise the
+Softmax or Sigmoid, an ONNX-ML classifier's probability transform: qbench.modelinfo.classes), and otherwise the
 share of FP32's rows that are distributions does (metrics.DistributionRows): never a single row.
 """
 

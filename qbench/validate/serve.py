@@ -33,7 +33,7 @@ import numpy as np
 from qbench.backends.base import Runner, served_call
 from qbench.data.feeds import take_batch
 from qbench.data.text import Padding
-from qbench.results_serving import LoadStats
+from qbench.results.serving import LoadStats
 from qbench.validate.keep_up import MIN_BATCHES, KeepUp, keep_up
 from qbench.validate.load import Batcher
 from qbench.validate.tail import Verdict

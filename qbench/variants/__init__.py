@@ -15,7 +15,7 @@ from qbench.techniques import TECHNIQUES, calibrator_names
 from qbench.variants.base import ONNX, BuildContext, BuiltVariant, VariantBuilder
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants.emulate import Emulation
 
 # precision -> the emulation scored on backends that cannot compute it (qbench.validate.fidelity)

@@ -12,7 +12,7 @@ import numpy as np
 from qbench.errors import QbenchError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.techniques import TechniqueConfig
 
 Feeds = dict[str, np.ndarray]

@@ -12,7 +12,7 @@ it as an initializer of the same name; the nodes that computed it go where nothi
 `DequantizeLinear` of a weight stored in 8 bits or fewer ends the search: its output is a weight the model stores
 quantized (a weight-only quantized model), which folding would widen back to float32 and quantize a second time. One
 of a weight stored in 16 or 32 bits (an int16 weight, an int32 bias: a reference the preflight accepts as FP32, see
-qbench.preflight_precision) is folded like a Cast of a float16 weight: left in place, the quantizer took it for an
+qbench.preflight.precision) is folded like a Cast of a float16 weight: left in place, the quantizer took it for an
 activation, kept the int16 weight and only rounded what the layer read, so an "INT8" variant computed in FP32.
 """
 
@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.preflight_random import RANDOM_OPS
+from qbench.preflight.randomness import RANDOM_OPS
 from qbench.variants.float_support import tensor_types
 from qbench.variants.onnx_utils import names_read, subgraphs_of
 

@@ -45,7 +45,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
-from qbench.recipe_variants import EMULATED_TAG
+from qbench.recipe.variants import EMULATED_TAG
 from qbench.variants.base import BuiltVariant
 from qbench.variants.emulate_fold import fold_conv_batch_norms
 from qbench.variants.emulate_recurrent import step_recurrent

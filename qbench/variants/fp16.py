@@ -40,7 +40,7 @@ from onnx import AttributeProto, TensorProto, numpy_helper
 from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
 from qbench.onnx_read import infer_shapes
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.emulate import round_float_tensors
 from qbench.variants.emulate_fold import fold_conv_batch_norms

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from qbench.errors import QbenchError
 from qbench.onnx_read import read_onnx
-from qbench.preflight_precision import rounded_activations, stored_weights
-from qbench.recipe import VariantSpec
+from qbench.preflight.precision import rounded_activations, stored_weights
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.quantizable import reference_arithmetic
 

@@ -41,7 +41,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.calibrate import TensorsData, save_tensors_data
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.techniques.fp8 import OP_TYPES as DEFAULT_OP_TYPES
 from qbench.techniques.fp8 import Fp8
 from qbench.variants.base import BuildContext, BuiltVariant, technique_of

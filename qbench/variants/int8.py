@@ -37,7 +37,7 @@ from onnxruntime.quantization.registry import (
 
 from qbench.environment import cpu_has_vnni, needs_reduce_range
 from qbench.onnx_read import file_over_protobuf_limit
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.techniques.onnxruntime import OrtDynamic, OrtInt8, OrtStatic
 from qbench.variants.base import BuildContext, BuiltVariant, technique_of
 from qbench.variants.calibrate import (

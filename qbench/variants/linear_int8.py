@@ -18,7 +18,7 @@ from typing import Any
 
 import onnx
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.techniques.linear import LinearInt8, SmoothQuant
 from qbench.variants.base import BuildContext, BuiltVariant, Feeds, technique_of
 from qbench.variants.calibrate import calibration_rows, require_calibration

@@ -41,8 +41,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qbench.errors import MissingExtraError, QbenchError, did_you_mean
-from qbench.recipe import VariantSpec
-from qbench.recipe_variants import TRT_TAG
+from qbench.recipe.spec import VariantSpec
+from qbench.recipe.variants import TRT_TAG
 from qbench.sources.torch_model import single_torch_thread
 from qbench.techniques.calibrators import CALIBRATORS
 from qbench.techniques.modelopt import Modelopt

@@ -37,7 +37,7 @@ import torch
 
 from qbench.errors import QbenchError
 from qbench.progress import track
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.sources.torch_model import single_torch_thread
 from qbench.sources.torch_outputs import flatten_outputs
 from qbench.tasks import Task, get_task

@@ -35,7 +35,7 @@ from qbench.variants.base import ONNX, TORCH, BuiltVariant
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
 
 # keys this module writes into BuiltVariant.params
 TORCH_FORM = "torch.form"  # what the torch form is

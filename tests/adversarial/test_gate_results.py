@@ -23,8 +23,8 @@ import yaml
 from sweep_factory import resign
 from user_model import make_user_project
 
-from qbench.cli_app import main
-from qbench.results import content_digest
+from qbench.cli.app import main
+from qbench.results.schema import content_digest
 from qbench.tasks.base import wilson
 
 pytestmark = pytest.mark.slow

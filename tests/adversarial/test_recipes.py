@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import MAX_VALUE_CHARS
 
 pytest.importorskip("torch")

@@ -25,7 +25,7 @@ from qbench.backends.onnxruntime_gpu import (
     parse_nvidia_smi_list,
     probe_gpus,
 )
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.variants.base import BuiltVariant
 

@@ -36,9 +36,9 @@ from qbench.backends.tensorrt_spec import (
     tensorrt_onnx,
     unsupported_by_tensorrt,
 )
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import MissingExtraError, QbenchError
-from qbench.modelinfo import read_model_info
+from qbench.modelinfo.signature import read_model_info
 from qbench.variants.base import BuiltVariant
 
 

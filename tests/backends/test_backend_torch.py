@@ -23,7 +23,7 @@ from qbench.backends import get_backend
 from qbench.backends.base import Backend, Runner, RunOptions
 from qbench.backends.torch_backend import TorchCPU, TorchCUDA
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuiltVariant
 from qbench.variants.torch_forms import (
     FAKE_QUANT,

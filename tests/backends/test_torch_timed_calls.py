@@ -19,7 +19,7 @@ import qbench.backends.torch_backend as torch_backend
 import qbench.validate.latency as latency
 from qbench.backends.base import RunOptions, served_call, timed_load
 from qbench.backends.torch_backend import TorchCPU, TorchRunner
-from qbench.recipe import StabilitySpec
+from qbench.recipe.spec import StabilitySpec
 from qbench.validate.load import Batcher
 from qbench.validate.serve import serve
 from qbench.variants.base import BuiltVariant

@@ -13,7 +13,7 @@ from torch import nn
 
 from qbench.backends.base import RunOptions
 from qbench.backends.torch_backend import TorchCPU
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuiltVariant
 from qbench.variants.torch_forms import attach_torch_form
 

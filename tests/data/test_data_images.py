@@ -13,8 +13,8 @@ from image_project import MEAN, SIDE, STD, cnn, png
 from qbench.data.evaluation import evaluation_rows
 from qbench.data.feeds import build_feeds
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec, ImageInputSpec, ImageSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec, ImageInputSpec, ImageSpec
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -233,7 +233,7 @@ def test_an_image_over_pillows_bomb_limit_is_one_logged_line_and_over_twice_it_r
 def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
     import onnxruntime as ort
 
-    from qbench.sweep import run_sweep
+    from qbench.sweep.runner import run_sweep
 
     cnn(tmp_path / "cnn.onnx")
     rng = np.random.default_rng(2)
@@ -273,8 +273,8 @@ def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
         assert variant.status == "ok" and variant.accuracy.rows == 32
     recorded = outcome.results.inputs["data.inputs.file.image files"]
     assert recorded["path"] == str(tmp_path / "images")
-    from qbench.gate_fresh import stale_inputs
-    from qbench.recipe import load_recipe
+    from qbench.gate.fresh import stale_inputs
+    from qbench.recipe.spec import load_recipe
 
     assert stale_inputs(outcome.results, load_recipe(tmp_path / "cnn.yaml")) == ([], [])
     png(tmp_path / "images" / "3.png", 255 - images[3])  # one image rewritten after the sweep: its results are stale
@@ -284,7 +284,7 @@ def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
 
 def test_the_input_digest_changes_with_an_image_files_bytes_not_its_path(tmp_path):
     from qbench.provenance import input_digests
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
 
     png(tmp_path / "images" / "a.png", np.zeros((SIDE, SIDE, 3)))
     pd.DataFrame({"file": ["a.png"], "y": [0]}).to_parquet(tmp_path / "rows.parquet")

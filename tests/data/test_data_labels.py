@@ -13,13 +13,13 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.data.labels import label_cells
 from qbench.errors import RecipeError
-from qbench.gate_run import latest_results
-from qbench.recipe import load_recipe
-from qbench.recipe_data import DataSpec
-from qbench.results import read_results
+from qbench.gate.run import latest_results
+from qbench.recipe.data import DataSpec
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
 
 RECIPE = Path("recipe.yaml")
 NAMES = ["toxic", "obscene", "insult", "threat"]
@@ -163,7 +163,7 @@ def test_label_columns_not_matching_the_output_width_are_one_line(tmp_path: Path
 def test_null_labels_are_refused_with_the_filter_that_judges_only_the_labelled_rows(tmp_path: Path) -> None:
     """A warehouse's nullable Int64 label holding nulls is refused, never read as class 0; the line said only that
     rows "have no label", so the one recipe change that judges the labelled rows had to be found elsewhere."""
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     weight = numpy_helper.from_array(np.eye(4, 2, dtype=np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",

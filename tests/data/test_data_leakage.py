@@ -15,9 +15,9 @@ from qbench.data import evaluation_rows
 from qbench.data.evaluation import calibration_sample
 from qbench.data.leakage import row_digests, shared_rows
 from qbench.errors import RecipeError
-from qbench.preflight import prepare
-from qbench.recipe import load_recipe
-from qbench.recipe_data import DataSpec
+from qbench.preflight.prepare import prepare
+from qbench.recipe.data import DataSpec
+from qbench.recipe.spec import load_recipe
 
 RECIPE = Path("recipe.yaml")
 

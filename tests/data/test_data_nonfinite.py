@@ -12,8 +12,8 @@ from qbench.data import build_feeds, load_table
 from qbench.data.nonfinite import check_finite, drop_nonfinite, nonfinite_masks
 from qbench.data.text_tables import CsvDialect
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import TextInputSpec, TokenizerSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import TextInputSpec, TokenizerSpec
 
 RECIPE = Path("recipe.yaml")
 

@@ -12,7 +12,7 @@ import pytest
 from qbench.data.evaluation import evaluation_rows
 from qbench.data.nonfinite import check_finite, missing_slices, nonfinite_counts, nonfinite_masks
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 RECIPE = Path("recipe.yaml")
 

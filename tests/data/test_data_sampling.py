@@ -11,7 +11,7 @@ import pytest
 
 from qbench.data.sampling import allocate_proportionally, draw_calibration_sample, per_slice_counts, row_ids_sha256
 from qbench.errors import RecipeError
-from qbench.recipe_data import CalibrationSpec
+from qbench.recipe.data import CalibrationSpec
 
 RECIPE = Path("recipe.yaml")
 
@@ -113,7 +113,7 @@ def test_a_calibration_sample_thinner_than_asked_is_warned_about(caplog: pytest.
     import logging
 
     from qbench.data.evaluation import calibration_sample
-    from qbench.recipe_data import DataSpec
+    from qbench.recipe.data import DataSpec
 
     rng = np.random.default_rng(0)
     repeated = np.repeat(rng.normal(size=(1, 4)).astype(np.float32), 40, axis=0)

@@ -10,7 +10,7 @@ import pytest
 
 from qbench.data.slices import slice_masks
 from qbench.errors import RecipeError
-from qbench.recipe_data import SliceSpec
+from qbench.recipe.data import SliceSpec
 
 RECIPE = Path("recipe.yaml")
 
@@ -212,7 +212,7 @@ def test_csv_codes_that_read_as_one_number_are_slices_of_their_own(tmp_path: Pat
     """A CSV slice column of "007", "7" and "010" gave two slices, code=7 (holding "007" and "7") and code=10: the
     slice column is read as the file's text (qbench.data.evaluation.text_columns)."""
     from qbench.data import evaluation_rows, load_table, text_columns
-    from qbench.recipe_data import DataSpec
+    from qbench.recipe.data import DataSpec
 
     path = tmp_path / "rows.csv"
     path.write_text("x,code,length\n" + "".join(f'"[{i}]",{c},{i}\n' for i, c in enumerate(["007", "7", "010"] * 3)))

@@ -11,7 +11,7 @@ import pytest
 from qbench.data.evaluation import load_data_table, read_columns
 from qbench.data.text_tables import spreadsheet_error
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 
 RECIPE = Path("qbench.yaml")
 ROWS = "x,label,topic,split,notes\n1.5,0,garden,test,ok\n2.5,1,cooking,test,#REF!\n3.5,0,garden,calib,ok\n"

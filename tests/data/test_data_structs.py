@@ -12,7 +12,7 @@ import yaml
 
 from qbench.data.load import load_table
 from qbench.errors import RecipeError
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 RECIPE = Path("recipe.yaml")
 LINES = [
@@ -83,7 +83,7 @@ def test_a_sweep_feeds_and_slices_by_nested_fields(tmp_path: Path) -> None:
         "variants": [{"name": "fp16", "precision": "fp16"}], "output_dir": "reports",
     }  # fmt: skip
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     prepared = prepare(load_recipe(tmp_path / "r.yaml"), track=False, destinations=False)
     assert prepared.evaluation_rows.tolist() == [0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11]

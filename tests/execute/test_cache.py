@@ -11,13 +11,13 @@ import pytest
 from probe_project import write_probe_recipe
 from tiny_linear import make_linear_project
 
-import qbench.sweep as sweep
-from qbench.cli_app import main
+import qbench.sweep.runner as sweep
+from qbench.cli.app import main
 from qbench.execute.cache import IN_USE, entries_in_use, keys_in_use, prune
 from qbench.execute.snapshot import snapshot_keys, take_snapshot
 from qbench.execute.store import ABANDONED_AFTER_S, SOURCES, BuildStore, manifest_of
 from qbench.provenance import input_digests
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 from qbench.variants.base import BuiltVariant
 
 FACTS = {"onnxruntime": "1.0", "machine": "x86_64"}  # what the builds here were made with (plan.build_facts)

@@ -10,7 +10,7 @@ from sweep_factory import make_variant
 
 from qbench.execute.jobs import identical, identities
 from qbench.provenance import model_bytes, model_sha256
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import ONNX, TORCH, BuiltVariant
 from qbench.variants.torch_forms import TORCH_FORM, attach_torch_form
 

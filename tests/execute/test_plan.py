@@ -17,8 +17,8 @@ from qbench.execute import plan
 from qbench.execute.overview import plan_overview
 from qbench.execute.store import BuildStore
 from qbench.provenance import input_digests
-from qbench.recipe import Recipe, load_recipe
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import Recipe, load_recipe
+from qbench.sweep.runner import run_sweep
 
 
 def test_the_build_key_changes_with_qbench_code_of_the_same_version(
@@ -118,8 +118,8 @@ def test_the_plan_fingerprint_leaves_out_only_the_run_fields_and_keeps_any_field
     """Where results go and how jobs run leave a run resumable; everything else a figure may depend on (task options,
     the data, latency settings, metric options) makes another plan, and so would a field added later to a run
     section (the sections were left out whole, a new `executor` field with them)."""
-    from qbench.recipe import RUN_FIELDS, AnalysisSpec, TrackingSpec
-    from qbench.recipe_executor import ExecutorSpec
+    from qbench.recipe.executor import ExecutorSpec
+    from qbench.recipe.spec import RUN_FIELDS, AnalysisSpec, TrackingSpec
 
     recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16"]))
     before = plan.plan_fingerprint(recipe, {})

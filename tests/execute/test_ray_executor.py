@@ -30,7 +30,7 @@ from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER
 from qbench.runs import INCOMPLETE_MARKER
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 # Ray on Linux turns `_node_ip_address="127.0.0.1"` into the machine's routable address and listens on every
 # interface; with this variable (read when ray is imported) it runs as a one-node cluster bound to 127.0.0.1.
@@ -255,8 +255,8 @@ SWEEP_SIGNALLED = """
 import functools, os, signal, sys
 import ray
 import ray._private.worker
-import qbench.sweep
-from qbench.cli_app import main
+import qbench.sweep.runner
+from qbench.cli.app import main
 
 ray.init = functools.partial(ray.init, _node_ip_address="127.0.0.1", object_store_memory=80 * 1024 * 1024)
 if sys.argv[1] == "starting":  # once Ray's start-up has put its own SIGTERM handler in
@@ -266,11 +266,11 @@ if sys.argv[1] == "starting":  # once Ray's start-up has put its own SIGTERM han
         return connect(*args, **kwargs)
     ray._private.worker.connect = signalled_connect
 else:  # "stopped": every job done and the executor closed (its cluster stopped), the results not yet written
-    range_analysis = qbench.sweep._range_analysis
+    range_analysis = qbench.sweep.runner._range_analysis
     def signalled_range_analysis(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGTERM)
         return range_analysis(*args, **kwargs)
-    qbench.sweep._range_analysis = signalled_range_analysis
+    qbench.sweep.runner._range_analysis = signalled_range_analysis
 sys.exit(main(["sweep", sys.argv[2], "--no-track"]))
 """
 
@@ -356,7 +356,7 @@ def test_a_node_that_cannot_read_the_inputs_says_so_in_one_line(user_project: Pa
     from qbench.execute.ray_executor import _worker_prepared
     from qbench.execute.store import BuildStore
     from qbench.provenance import input_digests
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
 
     recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=VARIANTS))
     inputs = input_digests(recipe)

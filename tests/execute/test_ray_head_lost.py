@@ -21,7 +21,7 @@ from qbench.execute import ray_executor
 from qbench.execute.plan import TIMING_RESOURCE
 from qbench.execute.records import JOBS_FOLDER
 from qbench.runs import INCOMPLETE_MARKER
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
@@ -90,7 +90,7 @@ def test_joining_a_cluster_that_refuses_the_driver_names_rays_token_authenticati
     only 'Failed to connect'. (Ray caches its authentication mode per process, so the refusal is Ray's error here.)"""
     import socket
 
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
 
     listening = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{listening.getsockname()[1]}"

@@ -16,7 +16,7 @@ from probe_project import figures
 from ray_processes import child_pids, stopped_without_survivors
 
 from qbench.execute.plan import TIMING_RESOURCE
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
@@ -36,7 +36,7 @@ def ray_cluster() -> Iterator[list[int]]:
 def test_a_ray_sweep_over_images_decodes_its_snapshot_and_gives_the_local_figures(
     ray_cluster: list[int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import qbench.sweep as sweep
+    import qbench.sweep.runner as sweep
 
     rng = np.random.default_rng(5)
     for index in range(24):

@@ -18,8 +18,8 @@ from ray_processes import child_pids, stopped_without_survivors
 
 from qbench.errors import QbenchError
 from qbench.execute.plan import TIMING_RESOURCE
-from qbench.frontier import mixed_timing_machines, speedup
-from qbench.sweep import run_sweep
+from qbench.frontier.pareto import mixed_timing_machines, speedup
+from qbench.sweep.runner import run_sweep
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")

@@ -22,8 +22,8 @@ from qbench.execute.records import (
     record_started,
     resumable_run,
 )
-from qbench.results import VariantResult, canonical_sha256
-from qbench.results_evidence import RECORDED
+from qbench.results.evidence import RECORDED
+from qbench.results.schema import VariantResult, canonical_sha256
 from qbench.runs import INCOMPLETE_MARKER, new_run_dir
 
 REFERENCE = "measure:fp32@onnxruntime-cpu"

@@ -19,8 +19,8 @@ from qbench.execute.resume import (
     rerun_summary,
     runs_onnx_file,
 )
-from qbench.results import VariantResult
-from qbench.results_evidence import EVIDENCE, RECORDED
+from qbench.results.evidence import EVIDENCE, RECORDED
+from qbench.results.schema import VariantResult
 
 NOW = {"onnxruntime": "1.32.0", "cpu": "Some CPU", "cpus": "8", "machine": "x86_64", "threads": "4"}
 
@@ -93,7 +93,7 @@ def test_a_record_of_an_older_qbench_without_what_measured_it_is_measured_again(
 
 @pytest.mark.parametrize("status", ["ok", "failed", "skipped"])
 def test_a_record_of_a_qbench_that_recorded_fewer_kinds_of_evidence_is_measured_again(status: str) -> None:
-    """Its result lacks figures the results it joins claim (qbench.results_evidence): it was reused, and the gate then
+    """Its result lacks figures the results it joins claim (qbench.results.evidence): it was reused, and the gate then
     skipped the checks on them or refused the variant as 'written by another qbench'."""
     lacking = _decide(_record(BUILT, status=status, evidence=tuple(n for n in RECORDED if n != "kept")))
     assert lacking.action == RERUN and lacking.why == "measured in run-1 by a qbench that recorded no kept"

@@ -14,13 +14,13 @@ import pytest
 import yaml
 from probe_project import probe_calls, write_probe_recipe
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.digests import file_sha256
 from qbench.execute.resume import code_changes
 from qbench.provenance import PROJECT_MODULE_INPUT
-from qbench.recipe import load_recipe
-from qbench.results import read_results
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
+from qbench.sweep.runner import run_sweep
 
 HELPER_BEFORE = '''\
 import numpy as np

@@ -17,12 +17,12 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from probe_project import VARIANTS, probe_calls, write_probe_recipe
 from tracking_hooks import wait_until_gone
 
-import qbench.sweep as sweep_module
+import qbench.sweep.runner as sweep_module
 from qbench.errors import QbenchError
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
-from qbench.track_content import variant_metrics
-from qbench.track_store import RUN_DIR_TAG, experiment_name
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from qbench.track.content import variant_metrics
+from qbench.track.store import RUN_DIR_TAG, experiment_name
 
 
 def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
@@ -75,9 +75,9 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "hold_after").write_text(str(2 * per_job))  # the dry run and fp32 measured; fp16's measurement waits while this exists
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    # the sweep's own process (qbench.cli_child), not the `qbench` command's supervising parent: killing that one ends
+    # the sweep's own process (qbench.cli.child), not the `qbench` command's supervising parent: killing that one ends
     # the sweep with SIGTERM (qbench.supervisor), which ends its runs itself
-    sweep = subprocess.Popen([sys.executable, "-m", "qbench.cli_child", "sweep", str(recipe)], cwd=tmp_path, env=env,
+    sweep = subprocess.Popen([sys.executable, "-m", "qbench.cli.child", "sweep", str(recipe)], cwd=tmp_path, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 600  # a loaded machine's start (imports, fp32's build and measurement) is slow

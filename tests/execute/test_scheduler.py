@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
-import qbench.sweep as sweep_module
-from qbench.cli_app import main
+import qbench.sweep.runner as sweep_module
+from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.execute.executors import JobDone, LocalExecutor
 from qbench.execute.records import JOBS_FOLDER, PLAN_FILE
-from qbench.results import read_results
+from qbench.results.schema import read_results
 from qbench.runs import INCOMPLETE_MARKER
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 
 def test_a_sweep_records_its_plan_and_every_finished_job(user_project: Path, tmp_path: Path) -> None:

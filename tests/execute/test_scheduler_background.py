@@ -12,7 +12,7 @@ import pytest
 from probe_project import VARIANTS, write_probe_recipe
 
 from qbench.execute.records import JOBS_FOLDER
-from qbench.sweep import _Progress, run_sweep
+from qbench.sweep.runner import _Progress, run_sweep
 from qbench.validate.background import settled_before_timing
 
 PLAN_ORDER = ["build:fp32", "measure:fp32@onnxruntime-cpu", "build:fp16", "measure:fp16@onnxruntime-cpu",

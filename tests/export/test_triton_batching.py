@@ -19,7 +19,7 @@ from qbench.export.pbtxt import to_pbtxt
 from qbench.export.perf_data import input_data_steps
 from qbench.export.triton import perf_analyzer_commands
 from qbench.export.triton_config import TARGETS, fixed_batch_of, served_shapes, triton_config
-from qbench.modelinfo import read_model_info
+from qbench.modelinfo.signature import read_model_info
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="Triton's schema: qbench[triton]")
 
@@ -75,7 +75,7 @@ def test_the_load_point_of_a_fixed_batch_model_gets_no_command_replaying_it() ->
     whole batch of 8 rows at 100 req/s, sent 800 rows/s to Triton where qbench simulated 100, under a text naming a
     batcher 'as in config.pbtxt'. A batched model's README keeps its command."""
     from qbench.export.triton import _load_lines
-    from qbench.results_serving import LoadStats, ServingResult
+    from qbench.results.serving import LoadStats, ServingResult
 
     at_rate = LoadStats(100.0, 300, 0.9, 1.8, 2.7, 1.0, 0.4, 1.2, 99.0)
     serving = ServingResult(preprocess_ms_per_row=0.01, budget_ms=50.0, rate_rps=100.0, max_batch_size=8,

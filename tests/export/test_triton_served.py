@@ -15,7 +15,7 @@ from sweep_factory import make_variant
 
 from qbench.errors import QbenchError
 from qbench.export.triton_config import TARGETS, served_shapes, triton_config
-from qbench.modelinfo import read_model_info
+from qbench.modelinfo.signature import read_model_info
 
 
 def _relu(path: Path, output_shape: list | None) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qbench.results_search import CandidateRecord
+from qbench.results.search import CandidateRecord
 from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.retime import RETIME_ROUNDS
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from qbench.gate import GateCheck
-from qbench.results import AccuracyResult, SliceMetrics
+from qbench.gate.evaluate import GateCheck
+from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.search.certain import best_on_every_row, certain_failure
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from qbench.gate import GateCheck, GateReport
-from qbench.results import AccuracyResult, SliceMetrics
-from qbench.results_search import CandidateRecord
+from qbench.gate.evaluate import GateCheck, GateReport
+from qbench.results.schema import AccuracyResult, SliceMetrics
+from qbench.results.search import CandidateRecord
 from qbench.search import run, select
 from qbench.search.budget import Budget
 

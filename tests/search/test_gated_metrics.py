@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from test_resolved_pass import evaluating_search
 
-from qbench.recipe import GateSpec
-from qbench.results import AccuracyResult, SliceMetrics, VariantResult
+from qbench.recipe.spec import GateSpec
+from qbench.results.schema import AccuracyResult, SliceMetrics, VariantResult
 from qbench.search import run, select
 
 ROWS = 400

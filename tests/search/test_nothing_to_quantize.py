@@ -7,11 +7,11 @@ import numpy as np
 import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import SEARCH_BUDGET_S, WIDTH, write_fragile_project
 
-from qbench.gate import EXIT_UNUSABLE
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.gate.evaluate import EXIT_UNUSABLE
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, WIDTH, write_fragile_project
 
 HIDDEN = 4
 

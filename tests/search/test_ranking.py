@@ -10,17 +10,17 @@ import numpy as np
 import onnx
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import SEARCH_BUDGET_S, write_fragile_project
-from test_explain_output import amplifying_mlp
 
 from qbench.backends import get_backend
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 from qbench.search import ranking
 from qbench.search import run as search_run
 from qbench.search.budget import Budget
 from qbench.search.candidates import Candidate
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 from qbench.variants import BuildContext, build_variant
+from tests.explain.test_output import amplifying_mlp
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, write_fragile_project
 
 WIDTH, HIDDEN, CLASSES = 6, 16, 3
 

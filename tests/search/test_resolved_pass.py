@@ -1,4 +1,4 @@
-"""The search holds a pass on its selection rows to the gate's resolution rule (qbench.gate_resolution): a thin pass on
+"""The search holds a pass on its selection rows to the gate's resolution rule (qbench.gate.resolution): a thin pass on
 few heavy-tailed rows ranks after a resolved one, and is picked only when no candidate's pass is resolved."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from qbench.gate_tolerance import reference_tolerances
-from qbench.recipe import GateSpec
-from qbench.report_search import search_rows, search_summary
-from qbench.results import AccuracyResult, SliceMetrics, VariantResult
-from qbench.results_search import CandidateRecord
+from qbench.gate.tolerance import reference_tolerances
+from qbench.recipe.spec import GateSpec
+from qbench.report.search import search_rows, search_summary
+from qbench.results.schema import AccuracyResult, SliceMetrics, VariantResult
+from qbench.results.search import CandidateRecord
 from qbench.search import run, select
 from qbench.search.budget import Budget
 from qbench.search.screen import ScreenOutputs
@@ -99,7 +99,7 @@ def test_the_rows_that_would_resolve_a_thin_pass_follow_its_spread():
     0.0006, (0.0066 / 0.0006)² = 121 times the rows."""
     import re
 
-    from qbench.gate_resolution import unresolved
+    from qbench.gate.resolution import unresolved
 
     thin = _result("thin", 0.9956, (0.989, 1.0022)).accuracy.overall
     why = unresolved("cosine", 0.005, _result("fp32", *FIGURES["fp32"]).accuracy.overall, thin)

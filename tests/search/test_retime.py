@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from qbench.results_search import CandidateRecord
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.search.budget import Budget
 from qbench.search.retime import MAX_RETIME_ROUNDS, RETIME_ROUNDS, retime_rounds, settled, uncertainty
@@ -83,7 +83,7 @@ def test_the_search_keeps_the_finalist_its_retiming_finds_faster(monkeypatch):
     while the budget had room to tell them apart."""
     from types import SimpleNamespace
 
-    from qbench.results import LatencyPoint, LatencyResult
+    from qbench.results.schema import LatencyPoint, LatencyResult
     from qbench.search import run
 
     timer = FakeTimer()

@@ -1,4 +1,4 @@
-"""The INT8 search end to end, through the sweep, on a tiny model with a deliberately fragile node (test_explain.py)."""
+"""The INT8 search end to end, through the sweep, on a tiny model with a deliberately fragile node (tests/explain/test_sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ import pandas as pd
 import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import SEARCH_BUDGET_S, fragile_model, one_gemm_model, write_fragile_project
 
-from qbench.gate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE
-from qbench.gate_run import run_gate
-from qbench.recipe import load_recipe
-from qbench.results import read_results
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE
+from qbench.gate.run import run_gate
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
 from qbench.search import select
 from qbench.search.budget import Budget
 from qbench.search.retime import RETIME_ROUNDS
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, fragile_model, one_gemm_model, write_fragile_project
 
 
 @pytest.fixture(autouse=True)
@@ -172,8 +172,8 @@ def test_a_single_finalist_is_retimed_so_its_speedup_is_not_one_noisy_estimate(m
     estimate overstates it the same way: the lone finalist's speed-up comes from interleaved rounds."""
     from types import SimpleNamespace
 
-    from qbench.results import LatencyPoint, LatencyResult
-    from qbench.results_search import CandidateRecord
+    from qbench.results.schema import LatencyPoint, LatencyResult
+    from qbench.results.search import CandidateRecord
     from qbench.search import run
 
     timed = []
@@ -251,7 +251,7 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_a
     """Screened at 1.33x against a passing 1.46x: on a quiet machine (FP32 within 2 %) it cannot win and is not
     evaluated; when FP32's timings were 10 and 12 ms (an estimate's noise: twice 1/11, 18 %), the two estimates
     cannot rank them and it is."""
-    from qbench.results_search import CandidateRecord
+    from qbench.results.search import CandidateRecord
     from qbench.search import run
 
     search = object.__new__(run._Search)
@@ -331,7 +331,7 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
     """A pick estimated at 0.85x FP32: on a quiet machine that is slower than FP32; when FP32's own timings were 8 to
     12 ms (an estimate's noise: 40 %) the estimate cannot say so, as the search's ranking already knew (a fixed 5 %
     margin flagged it, and the report then showed the sweep measuring the pick faster than FP32)."""
-    from qbench.results_search import CandidateRecord
+    from qbench.results.search import CandidateRecord
     from qbench.search import run, select
 
     search = object.__new__(run._Search)

@@ -7,14 +7,14 @@ import re
 
 import pytest
 import yaml
-from test_explain import SEARCH_BUDGET_S, write_fragile_project
 
-from qbench.recipe import load_recipe
+from qbench.recipe.spec import load_recipe
 from qbench.search import run as search_run
 from qbench.search.screen import ScreenOutputs
-from qbench.sweep import run_sweep
+from qbench.sweep.runner import run_sweep
 from qbench.validate import measure as measure_module
 from qbench.validate.outputs import row_count
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, write_fragile_project
 
 
 @pytest.fixture(autouse=True)

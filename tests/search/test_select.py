@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.results_search import CandidateRecord
+from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.variants.integer_kernels import float_weighted_layers
 

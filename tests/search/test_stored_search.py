@@ -6,12 +6,12 @@ import logging
 
 import pytest
 import yaml
-from test_explain import SEARCH_BUDGET_S, write_fragile_project
 
 import qbench.search.run as search_run
-from qbench.gate import EXIT_PASS
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.gate.evaluate import EXIT_PASS
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S, write_fragile_project
 
 
 @pytest.fixture(autouse=True)

@@ -120,7 +120,7 @@ def test_the_search_ends_within_its_budget_when_the_predictions_hold(tmp_path, m
 def test_the_twins_nearest_to_passing_then_cheapest_are_screened_first(bases, expected):
     """The reduce_range twins were screened in the catalogue's order: under a budget, a hopeless base's twin could take
     the time a near one's needed. Their chances (the base's excess) and cost (its build) were both measured."""
-    from qbench.results_search import CandidateRecord
+    from qbench.results.search import CandidateRecord
     from qbench.search.budget import Budget, build_kind
     from qbench.search.candidates import Candidate
 

@@ -11,11 +11,11 @@ import onnx
 import pandas as pd
 import yaml
 from onnx import TensorProto, helper, numpy_helper
-from test_explain import SEARCH_BUDGET_S
 
-from qbench.gate import EXIT_BREACH
-from qbench.recipe import load_recipe
-from qbench.sweep import run_sweep
+from qbench.gate.evaluate import EXIT_BREACH
+from qbench.recipe.spec import load_recipe
+from qbench.sweep.runner import run_sweep
+from tests.explain.test_sensitivity import SEARCH_BUDGET_S
 
 WIDTH, HIDDEN = 16, 64
 

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
 from qbench.errors import RecipeError  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import load_torch_model  # noqa: E402
@@ -356,7 +356,7 @@ def test_editing_a_helper_forward_calls_from_another_file_makes_a_new_export(tmp
 
 def test_the_export_key_is_the_same_in_fresh_processes_when_nothing_changed(tmp_path: Path) -> None:
     recipe = _project(tmp_path)
-    script = ("import sys\nfrom qbench.recipe import load_recipe\nfrom qbench.sources.torch_model import load_torch_model\n"
+    script = ("import sys\nfrom qbench.recipe.spec import load_recipe\nfrom qbench.sources.torch_model import load_torch_model\n"
               "print(load_torch_model(load_recipe(sys.argv[1])).cache_key)\n")  # fmt: skip
     runs = [subprocess.Popen([sys.executable, "-c", script, str(recipe)], stdout=subprocess.PIPE, text=True)
             for _ in range(2)]  # fmt: skip

@@ -23,8 +23,8 @@ import yaml
 
 torch = pytest.importorskip("torch")
 
-from qbench.cli_app import main  # noqa: E402
-from qbench.results import read_results  # noqa: E402
+from qbench.cli.app import main  # noqa: E402
+from qbench.results.schema import read_results  # noqa: E402
 
 PACKAGE = "gate_ids_pkg"
 LOADING = "gate_ckpt_pkg"

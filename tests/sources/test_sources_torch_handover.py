@@ -22,7 +22,7 @@ ort = pytest.importorskip("onnxruntime")
 from module_source import ModuleSource  # noqa: E402
 
 from qbench.errors import QbenchError  # noqa: E402
-from qbench.recipe import VariantSpec, load_recipe  # noqa: E402
+from qbench.recipe.spec import VariantSpec, load_recipe  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import load_torch_model  # noqa: E402
 from qbench.sources.torch_settings import settings_sha256  # noqa: E402

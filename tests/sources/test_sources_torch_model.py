@@ -18,10 +18,10 @@ import yaml
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from qbench.cli_app import main  # noqa: E402
+from qbench.cli.app import main  # noqa: E402
 from qbench.digests import file_sha256  # noqa: E402
 from qbench.errors import QbenchError, RecipeError  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 from qbench.sources import resolve_model  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import (  # noqa: E402

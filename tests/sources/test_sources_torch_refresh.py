@@ -16,8 +16,8 @@ import yaml
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from qbench.preflight import prepare  # noqa: E402
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.preflight.prepare import prepare  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 
 MEAN = "def pool(e, mask):\n    return (e * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)\n"
 FIRST = "def pool(e, mask):\n    return e[:, 0] + 0 * mask[:, :1]\n"  # the first token: all-0 example ids pool alike

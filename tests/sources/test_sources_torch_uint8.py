@@ -13,7 +13,7 @@ import yaml
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from qbench.recipe import load_recipe  # noqa: E402
+from qbench.recipe.spec import load_recipe  # noqa: E402
 from qbench.sources.torch_export import export_reference  # noqa: E402
 from qbench.sources.torch_model import load_torch_model  # noqa: E402
 

@@ -14,11 +14,11 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli_app import main
-from qbench.gate import EXIT_BREACH, EXIT_PASS, evaluate_gate
-from qbench.gate_run import latest_results
-from qbench.recipe import load_recipe
-from qbench.results import SweepResults, read_results
+from qbench.cli.app import main
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, evaluate_gate
+from qbench.gate.run import latest_results
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import SweepResults, read_results
 
 ROWS = 150
 INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax"}
@@ -58,7 +58,7 @@ def project(root: Path, onnx_model: onnx.ModelProto, table: pd.DataFrame, **reci
         },
         "variants": [INT8],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
-        # 150 rows resolve no default tolerance (qbench.gate_resolution): these round trips are about the tasks, so
+        # 150 rows resolve no default tolerance (qbench.gate.resolution): these round trips are about the tasks, so
         # an unresolved pass is a note here, not exit 2
         "gate": {"unresolved": "note"},
         "output_dir": str(root / "reports"),

@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from qbench.gate import EXIT_UNUSABLE, GateReport, judge
-from qbench.modelinfo import TensorMeta
-from qbench.recipe import GateSpec
-from qbench.results import VariantResult
+from qbench.gate.evaluate import EXIT_UNUSABLE, GateReport, judge
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.spec import GateSpec
+from qbench.results.schema import VariantResult
 from qbench.tasks import LabelError, get_task
 from qbench.tasks.class_labels import label_columns
 from qbench.tasks.classification import class_count

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from task_projects import argmax_first_model, iris, overall, plain_ort, project, run_all, said, table
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 METRIC_MODULE = textwrap.dedent(
     """
@@ -103,9 +103,9 @@ def test_labels_are_checked_before_anything_runs(tmp_path, capsys, task, labels,
 def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep(tmp_path, monkeypatch, capsys):
     """The metric raises only on outputs that differ from FP32's (the INT8 variant's): FP32 is measured, the INT8
     variant is recorded failed with the metric, the scope and its rows, the results are complete, the gate exits 2."""
-    from qbench.gate_run import latest_results
-    from qbench.recipe import load_recipe
-    from qbench.results import read_results
+    from qbench.gate.run import latest_results
+    from qbench.recipe.spec import load_recipe
+    from qbench.results.schema import read_results
 
     recipe, _, _ = _custom_project(tmp_path, metrics=[{"name": "boom", "function": "fragile_metric:fragile",
                                                        "higher_is_better": True}])  # fmt: skip
@@ -142,7 +142,7 @@ def test_two_recipes_with_one_metric_name_and_opposite_directions_judge_each_by_
     """A notebook loading recipe A, then B (a metric of the same name, the other direction), then sweeping A: A's
     drops, gate and report keep A's direction (the catalogue of loaded metrics holds B's)."""
     from qbench import load_recipe, run_sweep
-    from qbench.gate import evaluate_gate
+    from qbench.gate.evaluate import evaluate_gate
     from qbench.validate.catalogue import METRICS
 
     def shift_metric(higher_is_better: bool) -> dict:
@@ -170,11 +170,11 @@ def test_a_custom_metric_raising_on_one_slice_leaves_every_other_figure_and_fail
     """The metric raises on a scope of fewer than 10 rows (the 6-row slice group=few): it is NaN there, with a note
     naming it, the scope and what it raised; its figures elsewhere and every other metric on that slice stand. Gated
     on it, the gate cannot judge that slice (exit 2, never a pass); gated on accuracy, it is unaffected."""
-    from qbench.gate import evaluate_gate
-    from qbench.gate_checks import result_problems
-    from qbench.gate_run import latest_results
-    from qbench.recipe import load_recipe
-    from qbench.results import read_results
+    from qbench.gate.checks import result_problems
+    from qbench.gate.evaluate import evaluate_gate
+    from qbench.gate.run import latest_results
+    from qbench.recipe.spec import load_recipe
+    from qbench.results.schema import read_results
 
     features, labels = iris()
     group = np.where(np.arange(len(labels)) % 25 == 0, "few", "many")  # rows 0, 25, ..., 125: 6 rows

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from task_projects import plain_ort, project, run_all, said
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.tasks import CustomMetric
 from qbench.tasks.custom import parameters_taken
 from qbench.validate.accuracy import evaluate_accuracy

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from qbench.gate import EXIT_BREACH, EXIT_UNUSABLE, judge
-from qbench.recipe import GateSpec
-from qbench.results import VariantResult
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_UNUSABLE, judge
+from qbench.recipe.spec import GateSpec
+from qbench.results.schema import VariantResult
 from qbench.validate.accuracy import evaluate_accuracy
 from qbench.validate.catalogue import METRICS, impossible_value
 

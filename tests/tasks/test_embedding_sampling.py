@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.gate import evaluate_gate
-from qbench.recipe import GateSpec
-from qbench.report import _slice_grid
-from qbench.results import AccuracyResult, SliceMetrics, SweepResults, VariantResult
-from qbench.track_content import _scope_metrics
+from qbench.gate.evaluate import evaluate_gate
+from qbench.recipe.spec import GateSpec
+from qbench.report.tables import _slice_grid
+from qbench.results.schema import AccuracyResult, SliceMetrics, SweepResults, VariantResult
+from qbench.track.content import _scope_metrics
 from qbench.validate import neighbours
 from qbench.validate.accuracy import evaluate_accuracy
 

@@ -1,6 +1,6 @@
 """Labels in another coding than the output's class order (ids shifted by one, class names listed in another order,
 binary labels inverted): FP32 is wrong on nearly every row, every drop counts changes between wrong answers, and the
-gate passed. The sweep's FP32 measurement now refuses such labels (qbench.preflight_labels.check_labels_beat_chance).
+gate passed. The sweep's FP32 measurement now refuses such labels (qbench.preflight.labels.check_labels_beat_chance).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from task_projects import iris, iris_logits_model, project, said, table
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 pytestmark = pytest.mark.slow
 
@@ -52,9 +52,9 @@ def test_labels_at_chance_are_judged(tmp_path, monkeypatch, capsys):
     interval up to 0.3637 > 1/3), are a weak model's, not another coding: judged as before. The reading is kept in
     FP32's notes as well as logged: logged alone, where FP32 is measured, it never reached a Ray sweep's driver
     (its workers' logs are not forwarded) nor a resumed sweep that reuses FP32's measurement."""
-    from qbench.gate_run import latest_results
-    from qbench.recipe import load_recipe
-    from qbench.results import read_results
+    from qbench.gate.run import latest_results
+    from qbench.recipe.spec import load_recipe
+    from qbench.results.schema import read_results
 
     features, ids = iris()
     shuffled = np.random.default_rng(0).permutation(ids)

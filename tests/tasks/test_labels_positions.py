@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from task_projects import graph_model, plain_ort, project, run_all, said, table
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.tasks.class_labels import decisions_beyond_labels
 
 LENGTH = 16
@@ -86,9 +86,9 @@ def test_token_scores_of_a_fixed_length_read_against_row_labels_are_refused(tmp_
     beyond = int(np.count_nonzero(answers > 1))  # hand-computed with ONNX Runtime and numpy
     assert beyond > 60
     assert main(["validate", str(recipe)]) == 0  # validate's FP32 run on 8 rows cannot tell it from a weak classifier
-    import qbench.sweep
+    import qbench.sweep.runner
 
-    monkeypatch.setattr(qbench.sweep, "_check_reference_runs", lambda prepared: None)  # no dry run: FP32 on every row
+    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)  # no dry run: FP32 on every row
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
     err = capsys.readouterr().err
     assert said(f"on {beyond} of 120 rows, and its distinct rows' accuracy", err)

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 from task_projects import fitted_linear, graph_model, iris, overall, project, run_all, said, table
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 pytestmark = pytest.mark.slow
 
@@ -101,9 +101,9 @@ def test_labels_no_value_of_an_integer_output_takes_are_refused(tmp_path, monkey
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2  # the same dry run, before anything is built
     assert said("data.label: column 'y': no label is a value FP32's output 'label' gives (labels: 3, 7, 9; output: 0",
                 capsys.readouterr().err)  # fmt: skip
-    import qbench.sweep
+    import qbench.sweep.runner
 
-    monkeypatch.setattr(qbench.sweep, "_check_reference_runs", lambda prepared: None)  # as a cluster's sweep: no dry run
+    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)  # as a cluster's sweep: no dry run
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2  # FP32's measurement on every row shows it
     err = capsys.readouterr().err
     assert said("no label is a value FP32's output 'label' gives (labels: 3, 7, 9; output: 0, 1, 2): expected labels "

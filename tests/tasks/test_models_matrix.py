@@ -31,7 +31,7 @@ from task_projects import (
     table,
 )
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 pytestmark = pytest.mark.slow
 

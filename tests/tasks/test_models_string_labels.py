@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from task_projects import iris, overall, plain_ort, project, run_all, said, table
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from qbench.modelinfo import TensorMeta
+from qbench.modelinfo.signature import TensorMeta
 from qbench.tasks import LabelError, get_task
 from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 

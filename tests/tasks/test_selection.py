@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.modelinfo import ModelInfo, TensorMeta
+from qbench.modelinfo.signature import ModelInfo, TensorMeta
 from qbench.tasks import get_task
 from qbench.tasks.selection import choose_outputs, outputs_not_compared
 
@@ -66,7 +66,7 @@ def test_a_declared_scalar_output_is_never_a_candidate(tmp_path, task: str) -> N
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
     graph = helper.make_graph(
@@ -91,7 +91,7 @@ def test_an_output_of_a_fixed_length_per_call_beside_dynamic_rows_is_never_a_can
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     def save(rows: str | int, stat: list) -> ModelInfo:
         weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
@@ -127,7 +127,7 @@ def test_static_shapes_a_trace_left_inside_the_graph_do_not_make_per_row_outputs
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
     graph = helper.make_graph(
@@ -152,7 +152,7 @@ def test_a_fixed_batch_model_is_not_shape_inferred_for_outputs_fixed_per_call(tm
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench import modelinfo
+    from qbench.modelinfo import signature as modelinfo
 
     inferred = []
     real = modelinfo._computed_shapes
@@ -216,7 +216,7 @@ def test_an_output_whose_rows_the_graph_puts_after_a_leading_axis_is_never_a_can
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     weight = numpy_helper.from_array(np.ones((3, 5), np.float32), "w")
     graph = helper.make_graph(
@@ -253,7 +253,7 @@ def test_an_output_computed_from_no_input_is_never_a_candidate(tmp_path, task: s
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     table = helper.make_tensor("table", TensorProto.FLOAT, [2, 5], np.zeros(10, np.float32))
     graph = helper.make_graph(
@@ -282,7 +282,7 @@ def test_a_tensor_inside_the_graph_is_named_as_such_with_how_to_return_it(tmp_pa
     import onnx
     from onnx import TensorProto, helper
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["raw"]), helper.make_node("NonZero", ["raw"], ["dets"])], "det",
@@ -336,7 +336,7 @@ def test_a_classifiers_label_beside_its_judged_scores_is_not_named_but_another_i
     skl2onnx = pytest.importorskip("skl2onnx")
     from sklearn.linear_model import LogisticRegression
 
-    from qbench.modelinfo import read_model_info
+    from qbench.modelinfo.signature import read_model_info
 
     features = np.random.default_rng(0).normal(size=(60, 4)).astype(np.float32)
     classifier = LogisticRegression(max_iter=200).fit(features, (features[:, 0] > 0).astype(np.int64))

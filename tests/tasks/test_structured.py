@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 from task_projects import INT8, graph_model, plain_ort, project, run_all, said, table
 from task_projects import ROWS as TABLE_ROWS
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.tasks import get_task
 from qbench.tasks.base import LabelError

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.modelinfo import TensorMeta
+from qbench.modelinfo.signature import TensorMeta
 from qbench.tasks import TASKS, Task, gate_metric_names, get_task
 from qbench.validate.catalogue import METRICS
 

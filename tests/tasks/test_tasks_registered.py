@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from task_projects import iris, iris_logits_model, overall, plain_ort, project, run_all, table
 
-from qbench.recipe import load_recipe
-from qbench.results import SliceMetrics
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import SliceMetrics
 from qbench.tasks import TASKS, get_task
 from qbench.tasks.base import RowSummary
 from qbench.tasks.structured import Structured, StructuredRows

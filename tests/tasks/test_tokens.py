@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli_app import main
-from qbench.gate import evaluate_gate
-from qbench.modelinfo import TensorMeta
-from qbench.recipe import load_recipe
+from qbench.cli.app import main
+from qbench.gate.evaluate import evaluate_gate
+from qbench.modelinfo.signature import TensorMeta
+from qbench.recipe.spec import load_recipe
 from qbench.tasks import LabelError, get_task
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy
@@ -115,7 +115,7 @@ def test_scores_per_row_are_chosen_over_scores_per_token_beside_them() -> None:
     """A sequence classifier exporting its logits (rows, classes) and its hidden states (rows, tokens, dim): the
     task picks the logits (before, both ranked alike and the model was refused as ambiguous); per-token scores are
     chosen on their own, or when named."""
-    from qbench.modelinfo import ModelInfo
+    from qbench.modelinfo.signature import ModelInfo
     from qbench.tasks.selection import choose_outputs
 
     task = get_task("classification")
@@ -132,7 +132,7 @@ def test_the_labels_pass_over_the_outputs_they_cannot_score() -> None:
     """Token labels pick the per-token logits over a (rows, dim) CLS embedding beside them, which ranks above them
     without labels (before, the embedding was picked and the token labels refused for it); labels per row keep the
     (rows, classes) logits even when their hidden states come first; labels no output fits leave the ranking alone."""
-    from qbench.modelinfo import ModelInfo
+    from qbench.modelinfo.signature import ModelInfo
     from qbench.tasks.selection import choose_outputs
 
     task = get_task("classification")
@@ -320,8 +320,8 @@ def test_a_bad_row_of_token_labels_is_one_data_label_error(
 
 
 def test_an_edited_token_count_is_caught_by_the_gate_against_fp32() -> None:
-    from qbench.gate_checks import _denominator_problems
-    from qbench.results import SliceMetrics
+    from qbench.gate.checks import _denominator_problems
+    from qbench.results.schema import SliceMetrics
 
     fp32 = SliceMetrics("overall", 2, {"accuracy": 0.75}, denominators={"accuracy": 4})
     edited = dataclasses.replace(fp32, metrics={"accuracy": 0.7}, denominators={"accuracy": 10})
@@ -374,9 +374,9 @@ def test_nan_on_an_unscored_token_is_read_by_no_metric_nor_counted(side: str) ->
 def test_min_slice_size_counts_the_scored_tokens_a_token_mean_rests_on() -> None:
     """A slice of 40 rows holding 3 scored tokens: its kl_mean is a mean over 3 tokens, so min_slice_size 10 leaves
     it unjudged (it was judged as 40 rows), while the overall scope, on 23 tokens, is judged."""
-    from qbench.gate import UNDER_MIN_SIZE, judge
-    from qbench.recipe import GateSpec
-    from qbench.results import VariantResult
+    from qbench.gate.evaluate import UNDER_MIN_SIZE, judge
+    from qbench.recipe.spec import GateSpec
+    from qbench.results.schema import VariantResult
 
     rng = np.random.default_rng(0)
     reference = rng.normal(size=(50, 2, CLASSES))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from tests.tasks.task_projects import plain_ort, said
 
 pytest.importorskip("optimum.exporters.onnx", reason="optimum-onnx is not installed (pip install optimum-onnx)")

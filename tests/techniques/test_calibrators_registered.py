@@ -8,10 +8,10 @@ import yaml
 from tiny_linear import make_linear_project
 
 import qbench.variants.calibrate  # noqa: F401  (imported before the registration, as in any long-lived process)
-from qbench.cli_app import main
-from qbench.gate_run import latest_results
-from qbench.recipe import load_recipe
-from qbench.results import read_results
+from qbench.cli.app import main
+from qbench.gate.run import latest_results
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
 from qbench.techniques import CALIBRATORS, Calibrator
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 import pytest
 from pydantic import ValidationError
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.techniques import CALIBRATORS, TECHNIQUES, Calibration, Technique, TechniqueConfig, calibrator_names
 from qbench.techniques.linear import LinearInt8, SmoothQuant
 from qbench.techniques.modelopt import Modelopt

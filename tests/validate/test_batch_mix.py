@@ -12,9 +12,9 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli_app import main
-from qbench.recipe import load_recipe
-from qbench.results import AccuracyResult, SliceMetrics
+from qbench.cli.app import main
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.validate.batch_mix import (
     Arrangement,
     batch_dependence,

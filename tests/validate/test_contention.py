@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from sweep_factory import default_variants, make_sweep
 
-from qbench.gate import evaluate_gate
-from qbench.recipe import GateSpec
-from qbench.report import _summary_grid, summary_table
-from qbench.report_frontier import frontier_text
-from qbench.results import SweepResults, from_dict, to_json
+from qbench.gate.evaluate import evaluate_gate
+from qbench.recipe.spec import GateSpec
+from qbench.report.frontier import frontier_text
+from qbench.report.tables import _summary_grid, summary_table
+from qbench.results.schema import SweepResults, from_dict, to_json
 from qbench.validate.contention import CpuSample, contention_notes, others_cpus
 from qbench.validate.latency import TimedSamples, latency_points
 

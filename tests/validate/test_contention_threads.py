@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sweep_factory import make_latency, make_sweep
 
-from qbench.report import write_markdown_report
+from qbench.report.tables import write_markdown_report
 from qbench.validate.contention import oversubscribed, oversubscription_note
 
 POD = {"host": "n1", "cpu": "Intel Xeon", "cpus": 2, "arch": "x86_64", "affinity_cpus": 2, "cpu_quota": None}

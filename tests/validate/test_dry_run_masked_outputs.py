@@ -17,8 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
 from qbench.errors import RecipeError
-from qbench.preflight import prepare
-from qbench.recipe import load_recipe
+from qbench.preflight.prepare import prepare
+from qbench.recipe.spec import load_recipe
 from qbench.validate.dry_run import dry_run
 
 ROWS, FEATURES, CLASSES = 40, 6, 4

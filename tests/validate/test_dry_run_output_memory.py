@@ -15,8 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
 from qbench.errors import RecipeError
-from qbench.preflight import prepare
-from qbench.recipe import load_recipe
+from qbench.preflight.prepare import prepare
+from qbench.recipe.spec import load_recipe
 from qbench.validate.dry_run import dry_run
 
 ROWS, TOKENS, VOCABULARY = 40, 8, 500
@@ -56,9 +56,9 @@ def _prepared(tmp_path: Path):
 def test_outputs_that_cannot_fit_in_memory_stop_the_dry_run_in_one_line(tmp_path, monkeypatch):
     prepared = _prepared(tmp_path)
     needed = 2 * PER_ROW * ROWS  # FP32's and a variant's logits of the 40 evaluation rows: 1,280,000 bytes
-    monkeypatch.setattr("qbench.preflight_checks.available_memory", lambda: needed)
+    monkeypatch.setattr("qbench.preflight.checks.available_memory", lambda: needed)
     dry_run(prepared, get_backend("onnxruntime-cpu"))
-    monkeypatch.setattr("qbench.preflight_checks.available_memory", lambda: needed - 1)
+    monkeypatch.setattr("qbench.preflight.checks.available_memory", lambda: needed - 1)
     with pytest.raises(RecipeError) as caught:
         dry_run(prepared, get_backend("onnxruntime-cpu"))
     message = str(caught.value)

@@ -19,10 +19,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.preflight import prepare
-from qbench.recipe import load_recipe
-from qbench.results import EMULATED, NATIVE, read_results
-from qbench.sweep import run_sweep
+from qbench.preflight.prepare import prepare
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import EMULATED, NATIVE, read_results
+from qbench.sweep.runner import run_sweep
 
 ROWS_PER_BAND = 40
 BIG_INPUT = 500.0  # hidden = 300 x 500 = 1.5e5 > 65504: FP16 overflows on band=big only

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from qbench.cli_app import main
+from qbench.cli.app import main
 from qbench.validate import float_range
 from qbench.validate.accuracy import beyond_range_notes, evaluate_accuracy
 

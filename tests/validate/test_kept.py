@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qbench.gate_resolution import binomial_tail
-from qbench.results import Kept
+from qbench.gate.resolution import binomial_tail
+from qbench.results.schema import Kept
 from qbench.validate.kept import (
     CHANCE,
     KEPT,

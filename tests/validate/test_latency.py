@@ -13,7 +13,7 @@ import pytest
 
 from qbench.data.text import Padding
 from qbench.errors import QbenchError
-from qbench.recipe import StabilitySpec
+from qbench.recipe.spec import StabilitySpec
 from qbench.validate import latency
 from qbench.validate.latency import (
     latency_points,

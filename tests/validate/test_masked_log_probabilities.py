@@ -17,10 +17,10 @@ import pytest
 import torch
 import yaml
 
-from qbench.cli_app import main
-from qbench.gate import judge
-from qbench.recipe import GateSpec
-from qbench.results import LatencyPoint, LatencyResult, VariantResult
+from qbench.cli.app import main
+from qbench.gate.evaluate import judge
+from qbench.recipe.spec import GateSpec
+from qbench.results.schema import LatencyPoint, LatencyResult, VariantResult
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, with_drops
 

@@ -10,15 +10,15 @@ import tracemalloc
 
 import numpy as np
 import pytest
-from test_explain import INT8, write_fragile_project
 
 from qbench.backends import get_backend
-from qbench.preflight import prepare
-from qbench.recipe import LatencySpec, load_recipe
-from qbench.recipe_search import SearchSpec
+from qbench.preflight.prepare import prepare
+from qbench.recipe.search import SearchSpec
+from qbench.recipe.spec import LatencySpec, load_recipe
 from qbench.validate import metrics
 from qbench.validate.measure import Rows, measure, output_nsr
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from tests.explain.test_sensitivity import INT8, write_fragile_project
 
 
 @pytest.fixture(scope="module")
@@ -110,20 +110,20 @@ def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, t
     assert measured.result.status == "failed" and measured.result.error and measured.outputs is None
 
 
-@pytest.mark.parametrize("module", ["qbench.execute.jobs", "qbench.explain", "qbench.fallback", "qbench.search.run"])
+@pytest.mark.parametrize("module", ["qbench.execute.jobs", "qbench.explain.sensitivity", "qbench.fallback", "qbench.search.run"])
 def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, monkeypatch):
     """Each caller's measurements go through measure(): replaced in the caller, it sees every model run."""
     import importlib
 
-    from qbench.explain import explain_variant
-    from qbench.sweep import run_sweep
+    from qbench.explain.sensitivity import explain_variant
+    from qbench.sweep.runner import run_sweep
 
     caller = importlib.import_module(module)
     seen: list[str] = []
     original = caller.measure
     monkeypatch.setattr(caller, "measure", lambda backend, built, *a, **k: seen.append(built.name) or original(backend, built, *a, **k))
     monkeypatch.chdir(tmp_path)
-    if module == "qbench.explain":
+    if module == "qbench.explain.sensitivity":
         explain_variant(load_recipe(write_fragile_project(tmp_path, [INT8])), "int8", method="leave_one_out")
         assert seen[:2] == ["fp32", "int8"] and len(seen) == 2 + 4  # reference, the variant, one per node
         return
@@ -144,7 +144,7 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
 def test_a_variant_whose_rows_follow_their_batch_is_judged_also_at_the_batch_sizes_it_serves(prepared, tmp_path):
     """Measured, not named: dynamic INT8's rows follow their batch (each batch's own activation range), static INT8's
     do not. The search measures its candidates the same way (a `timing` of None: the recipe's batch sizes)."""
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
 
     backend = get_backend("onnxruntime-cpu")
     ctx = BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches)
@@ -196,7 +196,7 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
     import dataclasses
 
     import qbench.validate.measure as measure_module
-    from qbench.recipe_slo import LoadSpec, SloSpec
+    from qbench.recipe.slo import LoadSpec, SloSpec
     from qbench.validate.latency import BatcherSamples
 
     calls = []
@@ -222,7 +222,7 @@ def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepar
     import time
 
     import qbench.validate.load_search as load_search
-    from qbench.recipe_slo import LoadSpec, SloSpec
+    from qbench.recipe.slo import LoadSpec, SloSpec
     from qbench.validate.clock import PhaseClock
 
     simulate = load_search.search_max_rate

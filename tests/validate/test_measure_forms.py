@@ -6,19 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 from module_source import ModuleSource
-from test_explain import INT8, WIDTH, write_fragile_project
 from torch import nn
 
 from qbench.backends import get_backend
 from qbench.backends.torch_backend import TorchCPU
 from qbench.backends.torch_state import module_state
-from qbench.preflight import prepare
+from qbench.preflight.prepare import prepare
 from qbench.provenance import model_bytes, model_sha256
-from qbench.recipe import LatencySpec, VariantSpec, load_recipe
+from qbench.recipe.spec import LatencySpec, VariantSpec, load_recipe
 from qbench.validate.measure import failed_result, measure
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.fp16 import BF16_NOTE
 from qbench.variants.torch_forms import TORCH_FORM, attach_torch_form, torch_form_for
+from tests.explain.test_sensitivity import INT8, WIDTH, write_fragile_project
 
 
 class LinearThenMatmul(nn.Module):

@@ -11,11 +11,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from qbench.cli_app import main
-from qbench.gate_run import latest_results
-from qbench.recipe import load_recipe
-from qbench.results import read_results
-from qbench.track_content import sweep_metrics
+from qbench.cli.app import main
+from qbench.gate.run import latest_results
+from qbench.recipe.spec import load_recipe
+from qbench.results.schema import read_results
+from qbench.track.content import sweep_metrics
 
 ROWS, CALIBRATION = 80, 24
 
@@ -85,7 +85,7 @@ def test_a_model_giving_nan_on_nan_inputs_is_refused_in_one_line(tmp_path: Path,
 def test_the_rows_a_calibrator_is_chosen_on_are_counted_with_the_calibration_rows(tmp_path: Path) -> None:
     """`calibrator: auto` chooses on rows kept apart from the calibration sample: they are fed too, so every drawn row
     holding NaN is counted, under `calibration` (fitted on) or `selection` (chosen on)."""
-    from qbench.preflight import prepare
+    from qbench.preflight.prepare import prepare
 
     recipe_path, table = _project(tmp_path, reads_nan=True)
     recipe = yaml.safe_load(recipe_path.read_text())

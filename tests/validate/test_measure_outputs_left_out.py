@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from qbench.gate import EXIT_PASS
-from qbench.results import read_results
+from qbench.gate.evaluate import EXIT_PASS
+from qbench.results.schema import read_results
 
 
 def _two_head_project(tmp_path: Path, outputs: dict) -> Path:
@@ -54,7 +54,7 @@ def test_an_output_the_recipe_does_not_evaluate_is_named_in_fp32s_notes_and_the_
     """model.output 'logits' of a model returning 'aux' too: before, nothing in results.json or the report said that
     'aux' was never compared (an INT8 build moved it by up to 912 on a std of 993, and the gate passed, exit 0). Now
     FP32's notes name it, its dtype and shape, and the output judged; the report's footnotes carry the note."""
-    from qbench.cli_app import main
+    from qbench.cli.app import main
 
     assert main(["sweep", str(_two_head_project(tmp_path, {"output": "logits"})), "--no-track"]) == EXIT_PASS
     notes, report = _reference_notes(tmp_path)
@@ -66,7 +66,7 @@ def test_an_output_the_recipe_does_not_evaluate_is_named_in_fp32s_notes_and_the_
 
 
 def test_no_note_where_every_output_is_evaluated(tmp_path):
-    from qbench.cli_app import main
+    from qbench.cli.app import main
 
     assert main(["sweep", str(_two_head_project(tmp_path, {"outputs": ["logits", "aux"]})), "--no-track"]) == EXIT_PASS
     notes, report = _reference_notes(tmp_path)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.results import ClipRecord, from_dict, to_json
+from qbench.results.schema import ClipRecord, from_dict, to_json
 from qbench.validate.ranges import (
     FP16_MAX,
     GRAPH_INPUT,
@@ -242,11 +242,11 @@ def write_project(root: Path, **recipe_changes: object) -> Path:
 
 @pytest.mark.slow
 def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from qbench.results import read_results
-    from qbench.sweep import run_sweep
+    from qbench.results.schema import read_results
+    from qbench.sweep.runner import run_sweep
 
     outcome = run_sweep(write_project(tmp_path), track=False)
-    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "qbench.sweep"]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "qbench.sweep.runner"]
     assert any("calibration coverage" in w and "'kind=hot'" in w and "'amplify'" in w for w in warned), warned
 
     results = read_results(outcome.results_path)
@@ -268,7 +268,7 @@ def test_sweep_reports_fp16_overflow_and_uncovered_slice(tmp_path: Path, caplog:
 
 @pytest.mark.slow
 def test_sweep_without_range_analysis(tmp_path: Path) -> None:
-    from qbench.sweep import run_sweep
+    from qbench.sweep.runner import run_sweep
 
     outcome = run_sweep(write_project(tmp_path, analysis={"ranges": False}), track=False)
     assert outcome.results.ranges is None and "ranges" not in outcome.results.timings
@@ -297,13 +297,13 @@ def test_a_model_without_float_intermediate_tensors_has_nothing_to_analyse(tmp_p
 
 @pytest.mark.slow
 def test_sweep_of_such_a_model_says_so_without_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    from qbench.sweep import run_sweep
+    from qbench.sweep.runner import run_sweep
 
-    caplog.set_level(logging.INFO, logger="qbench.sweep")
+    caplog.set_level(logging.INFO, logger="qbench.sweep.runner")
     recipe = write_project(tmp_path, variants=[{"name": "fp16", "precision": "fp16"}])
     argmax_model(tmp_path / "tiny.onnx")
     outcome = run_sweep(recipe, track=False)
-    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "qbench.sweep"]
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "qbench.sweep.runner"]
     assert not [m for level, m in logged if level == "ERROR"], logged
     assert ("INFO", "  skipped: no node of the model makes a float tensor of known type (nothing to analyse)") in logged
     assert outcome.results.ranges is None
@@ -370,9 +370,9 @@ def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as
     FP32 are over 65504 in the FP32 model, but no FP16 overflow: the count leaves them out, the report says why."""
     from sweep_factory import make_sweep
 
-    from qbench.report_ranges import ranges_section
-    from qbench.results import RangeAnalysis
-    from qbench.track_content import sweep_metrics
+    from qbench.report.ranges import ranges_section
+    from qbench.results.schema import RangeAnalysis
+    from qbench.track.content import sweep_metrics
 
     params = {"fp16_range": {"tensors": {"x": 1e7}, "harmless": {"mask": {"max_abs": 3.4e38, "output_change_fp16_spacings": 0.0}}}}
     handled = fp16_handled([("half", params)])
@@ -409,7 +409,7 @@ def test_tensors_computed_from_a_constant_the_bf16_variant_saturates_are_not_rep
     over BF16's limit in the FP32 model, but the BF16 variant saturates the fill, so they hold finite values there: the
     BF16 list listed them as overflows. A tensor that passes the limit by arithmetic (x times 3e38, and what adds it)
     still overflows in BF16 and stays listed."""
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants.base import BuildContext
     from qbench.variants.fp16 import build_bf16
 
@@ -451,7 +451,7 @@ def test_the_nodes_inside_control_flow_are_counted_as_not_analysed_and_the_repor
     main-graph tensors only. The analysis listed no tensor over FP16's limit and said nothing of the branches."""
     from sweep_factory import make_sweep
 
-    from qbench.report_ranges import ranges_html, ranges_section
+    from qbench.report.ranges import ranges_html, ranges_section
 
     branch = onnx.load(str(tiny_model(tmp_path / "tiny.onnx"))).graph
     then = helper.make_graph(list(branch.node), "then", [], list(branch.output))

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_explain import INT8, write_fragile_project
 
 from qbench.backends import get_backend
-from qbench.preflight import prepare
-from qbench.recipe import VariantSpec, load_recipe
+from qbench.preflight.prepare import prepare
+from qbench.recipe.spec import VariantSpec, load_recipe
 from qbench.validate import measure as measure_module
 from qbench.validate.measure import Rows, measure
 from qbench.validate.outputs import row_count
 from qbench.validate.reuse import KnownOutputs, with_known
 from qbench.variants import BuildContext, BuiltVariant, build_variant
+from tests.explain.test_sensitivity import INT8, write_fragile_project
 
 
 def _doubling(fed_rows: list):

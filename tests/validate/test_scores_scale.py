@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy import special
 
-from qbench.modelinfo import read_model_info
+from qbench.modelinfo.signature import read_model_info
 from qbench.tasks.classification import Classification
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy, scale_notes

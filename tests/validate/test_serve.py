@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from qbench.results import LatencyPoint
-from qbench.results_serving import LoadStats
+from qbench.results.schema import LatencyPoint
+from qbench.results.serving import LoadStats
 from qbench.validate.keep_up import MIN_BATCHES
 from qbench.validate.load import Batcher
 from qbench.validate.serve import (
@@ -104,10 +104,9 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
     """Timed runs of 0.02-0.05 ms (the model's own time, as a backend times it) make the simulation promise far
     more than a runner that takes SLEEP_MS per call can serve: 8 rows per call at most, 4,000 req/s. The rate
     reported comes from real runs, is at most that, and its real p99 met the budget; the simulation's is kept apart."""
-    from test_recipe import with_changes, write_recipe
-
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
     from qbench.slo import server_for, serving_figures
+    from tests.recipe.test_spec import with_changes, write_recipe
 
     # a budget far above the runner's 2 ms: the rate is capped by what the server serves, not by how late a loaded
     # machine wakes a sleeping runner (a 20 ms budget met no real run there: no rate was claimed at all)
@@ -192,10 +191,9 @@ def test_the_real_server_serves_the_rows_the_timed_batches_hold_not_one_batch_of
     """64 rows, batches of up to 8: the simulation draws from timed batches over every row, so the real server's
     requests are those rows too (it served the 8 of the first batch only: a slice of slow rows outside them was never
     served for real, and the server's own work was never seen together with theirs)."""
-    from test_recipe import with_changes, write_recipe
-
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
     from qbench.slo import server_for
+    from tests.recipe.test_spec import with_changes, write_recipe
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
         latency={"batch_sizes": [1, 8]}, slo={"p99_ms": 1000.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}},
@@ -225,11 +223,10 @@ def test_a_padded_text_model_is_served_every_timed_row_each_batch_at_its_own_lon
     timed batches hold, and each batch runs at its own longest row, as a server padding each batch runs it and as the
     batches were timed (it served the 8 rows of the first timed batch only, at that batch's one length: a mix of short
     queries and long documents was served as one length, never as its traffic)."""
-    from test_recipe import with_changes, write_recipe
-
     from qbench.data.text import Padding
-    from qbench.recipe import load_recipe
+    from qbench.recipe.spec import load_recipe
     from qbench.slo import server_for
+    from tests.recipe.test_spec import with_changes, write_recipe
 
     lengths = [1 + (i * 7) % 16 for i in range(64)]
     ids = np.zeros((64, 16), dtype=np.int64)

@@ -89,7 +89,7 @@ def test_empty_calibration_and_unknown_method_are_user_errors(skewed, tmp_path):
 
 
 def test_settings_resolve_defaults_and_report_only_what_the_method_uses():
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
 
     def settings(spec: VariantSpec, op_types: list[str] | None) -> CalibrationSettings:
         return CalibrationSettings.of(spec.technique_config.calibration, False, op_types)
@@ -250,7 +250,7 @@ def test_a_tensor_holding_a_masks_fill_is_left_float_by_minmax(graph, tmp_path, 
     models (GPT-2, Llama) fill with float32's minimum instead: a finite range, but a scale of about 1e36 that rounded
     every attention score to zero (a 2-layer GPT-2's mean cosine to FP32 fell to 0.56). Either range is dropped, as the
     histogram calibrators already drop it, and the nodes around it stay float."""
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants import BuildContext, build_variant
 
     rng = np.random.default_rng(0)
@@ -294,7 +294,7 @@ def test_a_tensor_zero_on_every_calibration_row_is_left_float(graph, tmp_path, p
     notes say why."""
     import onnxruntime as ort
 
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants import BuildContext, build_variant
 
     rng = np.random.default_rng(0)
@@ -409,7 +409,7 @@ def test_the_note_on_nodes_left_float_around_unranged_tensors_counts_the_ones_it
     """The note named 5 nodes under a count of 6 and said nothing of the sixth (a Wav2Vec2 CTC model's static INT8:
     `6 node(s) left in FP32 around tensors without a range:` followed by 5 names), so a reader could not tell a
     node was missing from the list. Past 5 names it now says how many more, as the 'not calibrated' note does."""
-    from qbench.recipe import VariantSpec
+    from qbench.recipe.spec import VariantSpec
     from qbench.variants import BuildContext, build_variant
 
     rng = np.random.default_rng(0)

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
 from qbench.errors import QbenchError, environment_cause
-from qbench.recipe import VariantSpec
-from qbench.results import EMULATED, NATIVE
+from qbench.recipe.spec import VariantSpec
+from qbench.results.schema import EMULATED, NATIVE
 from qbench.validate.fidelity import plan_measurement
 from qbench.variants import onnx_utils
 from qbench.variants.base import BuildContext

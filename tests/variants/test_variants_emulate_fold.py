@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.validate.fidelity import plan_measurement
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate_fold import fold_conv_batch_norms

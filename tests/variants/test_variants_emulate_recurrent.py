@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends.onnxruntime_cpu import OnnxRuntimeCPU
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.validate.fidelity import plan_measurement
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate_recurrent import step_recurrent

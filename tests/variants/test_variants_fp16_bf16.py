@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp16 import BF16_NOTE, build_bf16, build_fp16, round_to_bf16

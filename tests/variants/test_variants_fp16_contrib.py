@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate import emulate_float16
 from qbench.variants.fp16 import build_fp16

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext
 from qbench.variants.emulate import float16_emulation
 from qbench.variants.float_support import KeptNodes, tensor_types, with_data_movement_between_kept

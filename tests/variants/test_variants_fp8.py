@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext
 from qbench.variants.fp8 import FP8_MAX, NOTE, build_fp8, fp8_weight
 from qbench.variants.onnx_utils import custom_domains

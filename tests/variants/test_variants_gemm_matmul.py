@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext
 from qbench.variants.gemm_matmul import gemms_as_matmul

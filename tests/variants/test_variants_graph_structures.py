@@ -14,8 +14,8 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.cli_app import main
-from qbench.recipe import VariantSpec
+from qbench.cli.app import main
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.onnx_utils import outer_scope_reads
 

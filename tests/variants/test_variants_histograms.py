@@ -9,7 +9,7 @@ import pytest
 from onnx import helper
 from onnxruntime.quantization.calibrate import HistogramCollector
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.calibrate import compute_ranges
 from qbench.variants.histograms import GuardedHistogramCollector, entropy_threshold

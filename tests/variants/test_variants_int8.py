@@ -11,7 +11,7 @@ import pytest
 from onnxruntime.quantization.calibrate import load_tensors_data
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.search.candidates import Candidate
 from qbench.variants import build_variant, int8
 from qbench.variants.base import BuildContext
@@ -248,7 +248,7 @@ def test_static_int8_of_a_gemm_with_any_bias_shape_and_factors_stays_close_to_fp
     relative = np.abs(run(built, feeds) - reference).max() / np.abs(reference).max()
     assert relative < 0.05, relative
     # kept float by explain / the fallback (its input Q/DQ bypassed): the reference's own weights, alpha and beta
-    from qbench.explain_graph import QdqBypass
+    from qbench.explain.graph import QdqBypass
 
     kept = QdqBypass(built, onnx.load(str(path)), tmp_path).keep_float({"fc"}, "kept")
     kept_relative = np.abs(run(kept, feeds) - reference).max() / np.abs(reference).max()

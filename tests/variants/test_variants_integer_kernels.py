@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.base import BuiltVariant, lowered_nothing
 from qbench.variants.integer_kernels import rounded_only, rule_kernel_counts, with_integer_kernels

@@ -24,7 +24,7 @@ from test_variants_smoothquant import (
     sqnr_db,
 )
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext
 from qbench.variants.linear_int8 import linear_int8, smoothquant_int8

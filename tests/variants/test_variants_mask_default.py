@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.search.candidates import Candidate
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, Feeds

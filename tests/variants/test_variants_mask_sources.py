@@ -13,7 +13,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, Feeds
 from qbench.variants.float_rules import kept_float_nodes

@@ -22,7 +22,7 @@ from sklearn.neural_network import MLPClassifier  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
 from sklearn.preprocessing import StandardScaler  # noqa: E402
 
-from qbench.recipe import VariantSpec  # noqa: E402
+from qbench.recipe.spec import VariantSpec  # noqa: E402
 from qbench.variants import BuildContext, build_variant  # noqa: E402
 from qbench.variants.base import BuiltVariant  # noqa: E402
 
@@ -229,7 +229,7 @@ def test_loaded_models_name_their_nodes_the_same_way_each_time(tmp_path):
 def test_unnamed_nodes_are_told_apart_when_quantizing_and_explaining(data, tmp_path, calibrator):
     """Nodes without names: the float64 MatMul is kept out of INT8 (it was not: every exclusion is by name), and the
     quantized nodes explain/fallback list are the float32 MatMul, named as in the reference (they were all '')."""
-    from qbench.explain_graph import quantized_nodes
+    from qbench.explain.graph import quantized_nodes
     from qbench.variants.onnx_utils import load_model
 
     path = _unnamed_mixed_precision_model(tmp_path / "unnamed.onnx")

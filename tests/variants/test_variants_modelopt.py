@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
 from qbench.errors import MissingExtraError, QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, BuiltVariant, lowered_nothing
 from qbench.variants.onnx_utils import custom_domains

@@ -16,7 +16,7 @@ import pytest
 from conftest import ORT_IR_VERSION, run_variant
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.calibrate import compute_ranges
 from qbench.variants.histograms import NONFINITE

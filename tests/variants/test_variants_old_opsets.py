@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.opset_upgrade import _check_interface_kept, ensure_opset
 

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from test_variants_smoothquant import _batches, ffn_block
 
-from qbench.recipe import SmoothQuantSpec, VariantSpec
+from qbench.recipe.spec import SmoothQuantSpec, VariantSpec
 from qbench.variants import build_variant, calibrate, smoothquant
 from qbench.variants.base import BuildContext
 from qbench.variants.onnx_utils import graph_digest

@@ -21,7 +21,7 @@ from onnx import numpy_helper
 from pydantic import ValidationError
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec, load_recipe
+from qbench.recipe.spec import VariantSpec, load_recipe
 from qbench.sources.torch_model import TorchModel
 from qbench.variants.base import ONNX, TORCH, BuildContext, BuiltVariant, TrainingData
 from qbench.variants.integer_kernels import with_integer_kernels

@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.sources.torch_model import TorchModel
 from qbench.variants.base import BuildContext, BuiltVariant, TrainingData
 from qbench.variants.integer_kernels import with_integer_kernels

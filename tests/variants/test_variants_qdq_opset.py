@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant, qdq_opset
 from qbench.variants.onnx_utils import default_opset
 

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.quant_scope import predictor_output_nodes, preprocessing_nodes, table_lookups
 from tests.variants.conftest import save_graph

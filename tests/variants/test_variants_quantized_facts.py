@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, BuiltVariant
 from qbench.variants.quantized_facts import with_quantized_facts

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.emulate import save_float16_emulation
 from qbench.variants.onnx_utils import check_model_against

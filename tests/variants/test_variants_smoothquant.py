@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from pydantic import ValidationError
 
-from qbench.recipe import SmoothQuantSpec, VariantSpec
+from qbench.recipe.spec import SmoothQuantSpec, VariantSpec
 from qbench.variants import build_variant
 from qbench.variants.base import BuildContext, Feeds
 from qbench.variants.linear_graph import GraphView

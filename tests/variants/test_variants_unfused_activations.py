@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from qbench.recipe import VariantSpec
+from qbench.recipe.spec import VariantSpec
 from qbench.variants import BuildContext, build_variant
 from qbench.variants.unfused_activations import keep_integer_kernels
 from tests.variants.conftest import ort_integer_kernels, run_variant

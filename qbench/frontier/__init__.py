@@ -1,0 +1,1 @@
+"""The latency-accuracy frontier: which variants no other beats on both, and its plot."""

@@ -1,0 +1,1 @@
+"""What an ONNX model takes and returns, read with onnx alone."""

@@ -1,0 +1,1 @@
+"""Everything a sweep needs, checked before anything runs (`qbench validate`)."""

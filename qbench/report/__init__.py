@@ -1,0 +1,1 @@
+"""Human-readable views of a sweep: console tables, report.md and report.html."""

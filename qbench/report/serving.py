@@ -1,0 +1,280 @@
+"""The serving view of a sweep: where the time goes, latency under load, cost, bound, and the SLO verdicts.
+
+Built as a Grid (report/tables.py renders it in the console and report.md, report_html in report.html), plus
+the SLO lines (`slo_lines`) and the cheapest variant that meets both accuracy and the SLO (`cheapest`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qbench.frontier.pareto import timing_kinds
+from qbench.gate.evaluate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
+from qbench.report.grid import Grid, rate_within
+from qbench.results.schema import EMULATED, SweepResults, VariantResult
+from qbench.results.serving import ServingResult
+from qbench.slo import SLO_SCOPE, instances_at_rate, met_at_rate, p99_basis
+from qbench.validate.catalogue import within
+from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
+
+_NONE = "—"
+_OVERLOADED = "overloaded"
+
+
+@dataclass(frozen=True)
+class Choice:
+    variant: VariantResult
+    usd_per_million: float | None  # at the highest rate within the budget (None: no price)
+    max_rate_rps: float
+    # at the budget's rate on the whole instances it takes (None: no price, or a budget without a rate)
+    usd_per_million_at_rate: float | None = None
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None or not math.isfinite(value):
+        return _NONE
+    digits = 4 if abs(value) < 0.01 else 3
+    return f"{value:.{digits}g}{unit}"
+
+
+def _slo_checks(gate: GateReport | None, variant: VariantResult) -> list[GateCheck]:
+    if gate is None:
+        return []
+    return [c for c in gate.checks if c.scope == SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
+
+
+def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: VariantResult) -> str:
+    """'reference', 'pass', 'fail', 'not gated' on accuracy alone (the SLO checks left out). FP32 on a later backend
+    is judged against the first backend's (qbench.gate): where that breaches, it and every variant of its backend
+    fail."""
+    if variant.variant == results.reference and (gate is None or variant.key not in gate.gated):
+        return "reference" if variant.status == "ok" else "fail"
+    if gate is None or f"{variant.key}" not in gate.gated:
+        return "not gated"
+    owners = gate.judged_with(variant.variant, variant.backend)
+    judged = [c for c in gate.checks if c.scope != SLO_SCOPE and f"{c.variant}@{c.backend}" in owners]
+    unjudged = any((owner := problem_owner(gate.gated, p)) in (*owners, None) and not p.startswith(f"{owner}: SLO:")
+                   for p in gate.problems)  # fmt: skip
+    own = [c for c in judged if f"{c.variant}@{c.backend}" == variant.key]
+    if unjudged or any(c.status == "breach" for c in judged) or not own:
+        return "fail"
+    return "pass"
+
+
+def slo_verdict(gate: GateReport | None, variant: VariantResult) -> str:
+    checks = _slo_checks(gate, variant)
+    if gate is not None and any(p.startswith(f"{variant.key}: SLO:") for p in gate.problems):
+        return "unjudged"
+    if not checks:
+        return "not budgeted"
+    return "breach" if any(c.status == "breach" for c in checks) else "pass"
+
+
+def _within_budget(variant: VariantResult) -> bool:
+    """The variant's own figure at the SLO is within budget (the reference is not gated, so judged here)."""
+    serving = variant.serving
+    if serving is None or serving.budget_ms is None:
+        return False
+    if serving.at_rate is not None:  # as the gate judges it: the worse of the simulation and the real server
+        return met_at_rate(serving)
+    point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
+    return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
+
+
+def mixed_machine_costs(results: SweepResults) -> str | None:
+    """Why costs and rates within budget cannot be ranked across variants: a backend's variants were timed on
+    machines of more than one kind (a cluster's nodes), while its price per hour, and its throughput, are one
+    machine's. None when every backend timed its variants on one kind."""
+    for backend in results.backends():
+        kinds = timing_kinds(results, backend)
+        if len(kinds) > 1:
+            price = next((v.serving.price_per_hour for v in results.variants
+                          if v.backend == backend and v.serving and v.serving.price_per_hour), None)  # fmt: skip
+            priced = f"its price of ${price:g}/h is one machine's, " if price is not None else ""
+            return (f"{backend} timed its variants on {len(kinds)} kinds of machine ({'; '.join(kinds)}): {priced}"
+                    "and their rates compare the machines; time every variant of a backend on one kind")  # fmt: skip
+    return None
+
+
+def _meeting(results: SweepResults, gate: GateReport | None) -> list[VariantResult]:
+    """The variants accurate enough (the reference, or passing the accuracy gate) and within the latency budget."""
+    return [v for v in results.variants if v.status == "ok" and v.serving is not None
+            and accuracy_verdict(results, gate, v) in ("reference", "pass")
+            and slo_verdict(gate, v) not in ("breach", "unjudged") and _within_budget(v)]  # fmt: skip
+
+
+def unrated(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """The variants meeting accuracy and the SLO without a highest rate within budget (none the search or the real
+    server showed, while the budget's own rate met it): no cost to rank them by, so no variant can be named the
+    cheapest, nor 'none' said while they meet both."""
+    return [v.key for v in _meeting(results, gate) if v.serving is None or v.serving.max_rate_rps is None]
+
+
+def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
+    """The variants meeting accuracy and the SLO (`_meeting`) with a highest rate within budget, with their cost per
+    million at that rate."""
+    candidates = []
+    for variant in _meeting(results, gate):
+        serving = variant.serving
+        if serving is None or serving.max_rate_rps is None:
+            continue
+        cost, at_rate = (serving.usd_per_million.get(key) for key in ("max_rate", "at_rate"))
+        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps,
+                                 at_rate if at_rate is not None and math.isfinite(at_rate) else None))  # fmt: skip
+    return candidates
+
+
+def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """The backends of candidates without a price when another candidate has one: a variant without a price has
+    no cost to rank, and ranking it as free would name it the cheapest whatever its machine costs."""
+    candidates = _candidates(results, gate)
+    if all(c.usd_per_million is None for c in candidates):
+        return []
+    return sorted({c.variant.backend for c in candidates if c.usd_per_million is None})
+
+
+def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
+    """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
+    per million serving the budget's rate on the whole instances it takes, where every candidate's budget has the same
+    rate, else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate.
+    Per-backend budgets at different rates price different traffic: one instance of a $1/h machine at its 2,000 req/s
+    ($0.139 per million) was named cheaper than one of a $0.10/h machine at its 100 req/s ($0.278), which serves
+    either traffic for less (up to 400 req/s within budget: $0.0694 per million at 100 req/s and at 2,000). None
+    also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`, `unrated`). At the highest
+    rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance
+    of either."""
+    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate) or unrated(results, gate):
+        return None
+    candidates = _candidates(results, gate)
+    if not candidates:
+        return None
+    rates = {c.variant.serving.rate_rps for c in candidates if c.variant.serving is not None}
+    at_rate = len(rates) == 1 and all(c.usd_per_million_at_rate is not None for c in candidates)
+
+    def cost(choice: Choice) -> float:
+        value = choice.usd_per_million_at_rate if at_rate else choice.usd_per_million
+        return value if value is not None else 0.0
+
+    return min(candidates, key=lambda c: (cost(c), -c.max_rate_rps, c.variant.key))
+
+
+def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
+    """One line per SLO check, breaches first, then the cheapest variant meeting accuracy and the SLO."""
+    if gate is None:
+        return []
+    lines = []
+    checks = sorted((c for c in gate.checks if c.scope == SLO_SCOPE), key=lambda c: c.status != "breach")
+    for check in checks:
+        variant = results.find(check.variant, check.backend)
+        serving = variant.serving if variant else None
+        where = f"at {serving.rate_rps:g} req/s" if serving and serving.rate_rps else "at its budget batch size"
+        if serving is not None and serving.at_rate is not None and serving.at_rate.overloaded:
+            within_budget = f"max {rate_within(serving.max_rate_rps)} req/s" if serving.max_rate_rps else "no rate"
+            lines.append(f"SLO BREACH {check.variant}@{check.backend}: overloaded {where}: above what one instance "
+                         f"sustains ({within_budget} within budget), so its queue grows "
+                         f"without bound (p99 {check.observed:.4g} ms over the {serving.at_rate.requests} simulated "
+                         "requests only)")  # fmt: skip
+            continue
+        served = serving.served_at_rate if serving is not None else None
+        if check.reason and served is not None and served.overloaded:  # a p99 within budget, yet a breach
+            lines.append(f"SLO BREACH {check.variant}@{check.backend}: the real server fell behind {where}: it "
+                         f"completed {served.achieved_rps:.4g} req/s (p99 {served.p99_ms:.4g} ms over its "
+                         f"{served.requests} requests only, budget {check.reference:g} ms)")  # fmt: skip
+            continue
+        sign, verdict = (">", "BREACH") if check.status == "breach" else ("<=", "pass")
+        basis = p99_basis(check.size, serving if serving is not None and serving.rate_rps else None)
+        lines.append(f"SLO {verdict} {check.variant}@{check.backend}: p99 {check.observed:.4g} ms {where} {sign} "
+                     f"budget {check.reference:g} ms ({check.drop:+.3g} ms, {check.drop / check.reference:+.1%}; "
+                     f"from {basis})")  # fmt: skip
+    lines += [f"SLO cannot judge (fail closed): {p}" for p in gate.problems if ": SLO:" in p]
+    if checks or any(v.serving and v.serving.budget_ms is not None for v in results.variants):
+        choice = cheapest(results, gate)
+        budgets = {c.reference for c in checks}
+        recorded = {v.serving.budget_ms for v in results.variants if v.serving and v.serving.budget_ms is not None}
+        if gate.exit_code == EXIT_UNUSABLE:  # some results were refused: no choice among them is judged
+            lines.append("cheapest meeting accuracy and SLO: cannot tell: the gate could not judge the results "
+                         "(exit 2, see its problems)")  # fmt: skip
+        elif budgets and recorded and budgets != recorded:  # the sweep's rates within budget answer another budget
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: the budget is {_ms(budgets)} now, the sweep "
+                         f"simulated {_ms(recorded)} (re-run `qbench sweep`)")  # fmt: skip
+        elif (mixed := mixed_machine_costs(results)) is not None:
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: {mixed}")
+        elif unpriced := unpriced_backends(results, gate):
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no price for {', '.join(unpriced)} while "
+                         "other backends have one (give every backend cost.price_per_hour, or --price)")  # fmt: skip
+        elif unmeasured := unrated(results, gate):
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no rate within the budget was shown for "
+                         f"{', '.join(unmeasured)}, which meet both (no cost per million to rank by)")  # fmt: skip
+        elif choice is None:
+            lines.append("cheapest meeting accuracy and SLO: none")
+        else:
+            cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
+            rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
+            instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
+            if choice.usd_per_million_at_rate is not None and rate and instances:
+                cost += (f" there; ${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
+                         f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
+            lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
+                         f"(up to {rate_within(choice.max_rate_rps)} req/s within budget, {cost})")  # fmt: skip
+    return lines
+
+
+def _ms(values: set[float]) -> str:
+    return ", ".join(f"{v:g} ms" for v in sorted(values))
+
+
+def simulated_requests(serving: ServingResult | None) -> str:
+    """The requests the simulated highest rate within the budget rests on, and whether the search settled there."""
+    if serving is None or serving.budget_ms is None or not serving.simulated_requests:
+        return _NONE
+    return f"{serving.simulated_requests:,}" + (" (not settled)" if serving.simulated_undecided else "")
+
+
+def _row(results: SweepResults, gate: GateReport | None, variant: VariantResult, sizes: list[int]) -> list[str]:
+    serving = variant.serving
+    b1 = variant.latency.at(1) if variant.latency else None
+    name = variant.variant + (" (emulated latency)" if variant.fidelity.latency == EMULATED else "")
+    cells = [name, variant.backend, _fmt(serving.preprocess_ms_per_row if serving else None),
+             _fmt(b1.p50_ms if b1 else None), _fmt(serving.transfer_ms_b1 if serving else None)]  # fmt: skip
+    load = serving.at_rate if serving else None
+    # an overloaded rate's queue grows without bound: its p99 is the finite simulation's, no figure of the rate
+    cells += [(_OVERLOADED if load.overloaded else _fmt(load.p99_ms)) if load else _NONE,
+              _fmt(load.mean_batch_size) if load else _NONE]
+    cells.append(rate_within(serving.max_rate_rps) if serving and serving.budget_ms is not None else _NONE)
+    cells.append(simulated_requests(serving))
+    costs = serving.usd_per_million if serving else {}
+    cells += [_fmt(costs.get(f"b{bs}")) for bs in sizes] + [_fmt(costs.get("max_rate"))]
+    bound = serving.bound.verdict if serving and serving.bound else _NONE
+    return cells + [bound, accuracy_verdict(results, gate, variant), slo_verdict(gate, variant)]
+
+
+def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None:
+    """One row per variant x backend with serving figures; None when no variant has any."""
+    measured = [v for v in results.variants if v.serving is not None]
+    if not measured:
+        return None
+    sizes = sorted({p.batch_size for v in measured if v.latency for p in v.latency.points})
+    rate = next((v.serving.rate_rps for v in measured if v.serving and v.serving.rate_rps), None)
+    headers = ["variant", "backend", "pre-proc ms/row", "model p50 ms b1", "copies ms b1",
+               f"p99 ms at {rate:g} req/s" if rate else "p99 ms under load", "mean batch",
+               "max req/s in budget", "simulated requests"]  # fmt: skip
+    headers += [f"$/M b{bs}" for bs in sizes] + ["$/M at max req/s", "bound (estimate)", "accuracy", "SLO"]
+    rows = [_row(results, gate, v, sizes) for v in measured]
+    footer = [
+        "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
+        "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
+        "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
+        f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}, "
+        f"within {MAX_BATCHES:,} simulated batches); not settled: that many did not place it, so the rate is claimed low",
+        "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
+        "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
+    ]
+    if any(v.fidelity.latency == EMULATED for v in measured):
+        footer.append("emulated latency: the timed model does not run the format's own kernels; its load, cost "
+                      "and bound figures are not those of native hardware")
+    footer += [f"{v.key}: {v.serving.bound.basis}" for v in measured if v.serving and v.serving.bound]
+    lines = slo_lines(results, gate)
+    breached = any(line.startswith("SLO BREACH") for line in lines)
+    return Grid("Serving: where the time goes, load, cost", headers, [list(row) for row in rows],
+                frozenset(range(2, len(headers) - 3)), footer + lines, footer_style="red" if breached else "dim")  # fmt: skip

@@ -1,0 +1,1 @@
+"""Typed, frozen results of a sweep and their JSON form (results.json), read back and checked."""

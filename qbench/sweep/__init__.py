@@ -1,0 +1,1 @@
+"""The sweep: the pipeline recipe -> data -> variants -> backends -> validate -> track/report -> gate."""
