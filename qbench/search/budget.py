@@ -2,8 +2,8 @@
 those figures ends within the budget with room left for what must run after it, and what ran past it.
 
     budget = Budget(spec.time_budget_s, now, spec.finalists)
-    why = budget.refusal("evaluating x", budget.cost(EVALUATE), records)   # None: it started; else why not
-    with budget.timing(EVALUATE):                                          # the seconds it took, by kind
+    why = budget.refusal("evaluating x", budget.evaluation_cost(False), records)  # None: it started; else why not
+    with budget.timing(EVALUATE):                                                # the seconds it took, by kind
         ...
 
 A step already started runs to its end, so the budget bounds the search's end only through the predictions: each step
@@ -27,7 +27,8 @@ from qbench.results.search import CandidateRecord
 from qbench.search import select
 from qbench.search.retime import RETIME_ROUNDS
 
-EVALUATE = "evaluate"  # a candidate run on every selection row and judged
+EVALUATE = "evaluate"  # a candidate run on every selection row and judged, its rows independent of their batch
+EVALUATE_BATCHED = "evaluate, rows following their batch"  # ...its rows also judged as served: more runs
 SCREEN = "screen"  # a built candidate measured on the screening rows, then FP32 timed again beside it
 TIMED_RUN = "timed run"  # one model's timed runs on the screening rows, unscored: a re-timing round holds one per model
 RANKING = "ranking"  # the per-layer noise of a static build on the screening rows (keep-float candidates)
@@ -95,6 +96,18 @@ class Budget:
         """A step of `kind` predicted: the longest one took so far, else its seed, else 0 (nothing to predict from)."""
         return max(self.costs[kind]) if self.costs.get(kind) else self.seeds.get(kind, 0.0)
 
+    def evaluation_cost(self, follows_batch: bool | None) -> float:
+        """A full evaluation predicted from the longest so far of a candidate whose rows, as its screen saw them,
+        follow their batch as this one's do (`follows_batch`; None: not known): one whose rows follow their batch is
+        run again in the batches a server forms (qbench.validate.batch_mix), which one whose rows do not never is, so
+        the longest evaluation of either kind (as a first one: FP32's, the seed) overstated the other's. In the MiniLM
+        demo SmoothQuant dynamic's evaluation (rows following their batch) took 20 s; SmoothQuant static (screened
+        faster and independent of its batch) was refused for want of 3.5 s though an evaluation like FP32's fits."""
+        independent = self.costs.get(EVALUATE, [])
+        if follows_batch is False:
+            return max(independent) if independent else self.seeds.get(EVALUATE, 0.0)
+        return max([*independent, *self.costs.get(EVALUATE_BATCHED, [])], default=self.seeds.get(EVALUATE, 0.0))
+
     def build_cost(self, technique: str) -> float:
         """Building a candidate of `technique`: the longest such build so far, else the longest build of any
         technique (a technique not built yet), else 0."""
@@ -117,7 +130,7 @@ class Budget:
         seconds = self.retime_cost(min(self.finalists, len(passing) + 1), RETIME_ROUNDS)
         closest = select.closest(records)
         if not passing and closest != evaluating and (closest is None or not records[closest].evaluated):
-            seconds += self.cost(EVALUATE)
+            seconds += self.evaluation_cost(None)
         return seconds
 
     def refusal(self, what: str, predicted: float, records: Sequence[CandidateRecord], *,

@@ -50,7 +50,7 @@ from qbench.recipe.search import SearchSpec
 from qbench.recipe.spec import LatencySpec
 from qbench.results.search import CandidateRecord, SearchReport
 from qbench.search import select
-from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.certain import certain_failure
 from qbench.search.keep_float import KeepFloatStage
@@ -107,6 +107,7 @@ class _Search(KeepFloatStage):
         self.records: list[CandidateRecord] = []
         self.candidates: list[Candidate] = []
         self.built: dict[int, BuiltVariant] = {}
+        self.follows_batch: dict[int, bool] = {}  # candidate -> whether its screen saw its rows follow their batch
         self.reference_digest = graph_digest(prepared.source.onnx_path)
         self.digests: dict[str, int] = {}  # built graph → the first candidate that built it
         self.keep_float_exhausted = False
@@ -186,6 +187,7 @@ class _Search(KeepFloatStage):
                 self._failed_to_run(index, measured.result.error)
                 return index
             self.screened.keep(index, measured)
+            self.follows_batch[index] = not measured.rows_independent
             p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
@@ -241,9 +243,13 @@ class _Search(KeepFloatStage):
         """Run candidate `index` on every selection row (the evaluation rows when there are none) and judge it as
         the gate would."""
         record = self.records[index]
-        with self.budget.timing(EVALUATE):
+        began, measured = self.budget.now(), None
+        try:
             measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows, reference=self.fp32.reference,
                                quiet=True, clock=self.clock, known=self.screened.take(index))  # fmt: skip
+        finally:  # the seconds it took, filed by whether its rows followed their batch (the runs that asks for)
+            independent = measured is not None and measured.rows_independent
+            self.budget.add(EVALUATE if independent else EVALUATE_BATCHED, self.budget.now() - began)
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
@@ -280,7 +286,8 @@ class _Search(KeepFloatStage):
     def evaluate_within_budget(self, index: int) -> None:
         """Evaluate candidate `index` if predicted to end within the budget, else say in its verdict why not."""
         record = self.records[index]
-        if (why := self.refusal(f"evaluating {record.label}", self.budget.cost(EVALUATE), evaluating=index)) is None:
+        predicted = self.budget.evaluation_cost(self.follows_batch.get(index))
+        if (why := self.refusal(f"evaluating {record.label}", predicted, evaluating=index)) is None:
             return self.evaluate(index)
         self.records[index] = record.with_(verdict=f"{record.verdict.split(';')[0]}; not evaluated: {why}")
 
@@ -306,7 +313,8 @@ class _Search(KeepFloatStage):
             if pick is None or self.records[pick].evaluated or pick not in self.built:
                 return
             what = f"evaluating {self.records[pick].label} (the closest)"
-            if self.refusal(what, self.budget.cost(EVALUATE), evaluating=pick, forced=attempt == 0) is not None:
+            predicted = self.budget.evaluation_cost(self.follows_batch.get(pick))
+            if self.refusal(what, predicted, evaluating=pick, forced=attempt == 0) is not None:
                 return
             self.evaluate(pick)
 

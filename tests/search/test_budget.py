@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qbench.results.search import CandidateRecord
-from qbench.search.budget import EVALUATE, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, Budget, build_kind
 from qbench.search.retime import RETIME_ROUNDS
 
 
@@ -33,6 +33,22 @@ def test_a_kind_is_predicted_by_its_longest_step_else_by_fp32s_measurements():
             clock.seconds += seconds
     assert budget.cost(EVALUATE) == 7.0  # measured: the seed no longer counts
     assert budget.cost("never measured") == 0.0
+
+
+def test_an_evaluation_is_predicted_from_those_whose_rows_follow_their_batch_as_its_do():
+    """A candidate whose rows follow their batch is run again as served: its 20 s evaluation predicted nothing of one
+    whose rows do not (the seed, FP32's 5 s, until one such ran), which was refused for want of time."""
+    budget, clock = _budget()
+    with budget.timing(EVALUATE_BATCHED):
+        clock.seconds += 20.0
+    assert budget.evaluation_cost(False) == 5.0  # the seed: no independent candidate evaluated yet
+    assert budget.evaluation_cost(True) == 20.0 and budget.evaluation_cost(None) == 20.0
+    with budget.timing(EVALUATE):
+        clock.seconds += 6.0
+    assert budget.evaluation_cost(False) == 6.0
+    assert budget.evaluation_cost(True) == 20.0  # the longest of either kind: never below what an independent took
+    fresh, _ = _budget()
+    assert fresh.evaluation_cost(True) == fresh.evaluation_cost(False) == 5.0  # nothing measured: FP32's
 
 
 def test_without_selection_rows_an_evaluation_is_fp32s_screening_scaled_to_every_row():

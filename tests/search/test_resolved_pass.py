@@ -49,9 +49,11 @@ def evaluating_search(monkeypatch, gate: GateSpec, result_of: Callable[[str], Va
     """A search of candidates `labels` screened at `speeds` (and FP32, `result_of("fp32")`), ready to evaluate in full:
     `measure` gives `result_of(label)`, judged by the real gate `gate` (`digests`: what each selection row feeds)."""
     fp32 = result_of("fp32")
-    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built)))
+    monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=result_of(built),
+                                                                                          rows_independent=False))
     search = object.__new__(run._Search)
     search.budget = Budget(60, lambda: 0.0, 3)  # its __init__, which sets it, is not run
+    search.follows_batch = {}
     search.ranking_notes = []
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=0.5)
                       for label, speed in zip(labels, speeds)]  # fmt: skip
@@ -110,6 +112,7 @@ def test_the_rows_that_would_resolve_a_thin_pass_follow_its_spread():
 def _finished(search: run._Search, tmp_path):
     search.spec = SimpleNamespace(name="int8-search", time_budget_s=60, finalists=2)
     search.budget, search.root = Budget(60, lambda: 1.0, 2), tmp_path / "search"
+    search.follows_batch = {}
     search.ranking_notes = []
     search.keep_float_exhausted = False
     search.fp32_p50, search.chosen_on = {}, "chosen on the selection rows"
@@ -154,7 +157,7 @@ def test_a_pass_short_of_rows_alone_stops_the_search_as_a_pass_does(monkeypatch)
     agreement = {"fp32": 1.0, "thin": 0.996, "clear": 0.998}
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=VariantResult(
         variant=built, backend="cpu", precision=built, status="ok", accuracy=AccuracyResult(
-            rows=ROWS, nonfinite_outputs=0, overall=SliceMetrics("overall", ROWS, {"agreement": agreement[built]})))))
+            rows=ROWS, nonfinite_outputs=0, overall=SliceMetrics("overall", ROWS, {"agreement": agreement[built]}))), rows_independent=False))
     search.fp32 = SimpleNamespace(result=run.measure(None, "fp32", None).result, reference="fp32 outputs")
     search.tolerances = reference_tolerances(search.fp32.result, search.gate)
     search.evaluate_promising()

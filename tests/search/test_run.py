@@ -191,6 +191,7 @@ def test_a_single_finalist_is_retimed_so_its_speedup_is_not_one_noisy_estimate(m
     search.records = [CandidateRecord("static", "ort-static", speedup=estimate, passed=True)]
     search.spec = SimpleNamespace(finalists=2, time_budget_s=60)
     search.budget = Budget(60, lambda: 0.0, 2)  # its __init__, which sets it, is not run
+    search.follows_batch = {}
     search.now, search.tie = (lambda: 0.0), (lambda: 0.05)
     search.fp32_built, search.built = "fp32", {0: "static"}
     search.backend = search.prepared = search.screen = search.timing = search.clock = None
@@ -259,6 +260,7 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_a
                       CandidateRecord("static", "ort-static", speedup=1.33, stage="screened", screen_excess=0.3)]  # fmt: skip
     search.fp32_timings = fp32_timings
     search.budget, search.refusal = Budget(60, lambda: 0.0, 3), lambda what, seconds, **_: None
+    search.follows_batch = {}
     calls = []
     search.evaluate = calls.append
     search.evaluate_promising()
