@@ -76,13 +76,14 @@ class Budget:
         self.costs.setdefault(kind, []).append(seconds)
 
     @contextmanager
-    def timing(self, kind: str) -> Iterator[None]:
-        """Record the seconds the block took as one step of `kind` (also when it raised: the time was spent)."""
+    def timing(self, kind: str | Callable[[], str]) -> Iterator[None]:
+        """Record the seconds the block took as one step of `kind` (also when it raised: the time was spent); `kind`
+        may be a function asked when the block ends, for a step whose kind its outcome tells."""
         began = self.now()
         try:
             yield
         finally:
-            self.add(kind, self.now() - began)
+            self.add(kind if isinstance(kind, str) else kind(), self.now() - began)
 
     def seed(self, fp32_screen_s: float, fp32_selection_s: float | None, rows_per_screen_row: float) -> None:
         """Predictions until each kind of step is measured, from FP32's measurements at the search's start: a full

@@ -243,13 +243,10 @@ class _Search(KeepFloatStage):
         """Run candidate `index` on every selection row (the evaluation rows when there are none) and judge it as
         the gate would."""
         record = self.records[index]
-        began, measured = self.budget.now(), None
-        try:
+        measured = None  # its seconds are filed by whether its rows followed their batch (the runs that asks for)
+        with self.budget.timing(lambda: EVALUATE if measured is not None and measured.rows_independent else EVALUATE_BATCHED):
             measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows, reference=self.fp32.reference,
                                quiet=True, clock=self.clock, known=self.screened.take(index))  # fmt: skip
-        finally:  # the seconds it took, filed by whether its rows followed their batch (the runs that asks for)
-            independent = measured is not None and measured.rows_independent
-            self.budget.add(EVALUATE if independent else EVALUATE_BATCHED, self.budget.now() - began)
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
