@@ -16,9 +16,7 @@ from dataclasses import dataclass, field, replace
 import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.frontier.pareto import mixed_timing_machines, slower_than_reference_notes
-from qbench.gate.checks import (
-    unmatched_globs,
-)
+from qbench.gate.checks import unmatched_globs
 from qbench.gate.notes import (
     chosen_on_judged_rows,
     constant_reference,
@@ -39,7 +37,7 @@ from qbench.gate.outputs import (
     other_output_kept_notes,
     other_output_notes,
 )
-from qbench.gate.resolution import interval_problems, rows_alone, unresolved
+from qbench.gate.resolution import UNDEFINED_FOR_FP32, interval_problems, rows_alone, unjudged_scopes, unresolved
 from qbench.gate.tolerance import GivenTolerances, Tolerances, given_for, reference_tolerances
 from qbench.recipe.slo import SloSpec
 from qbench.recipe.spec import GateSpec
@@ -291,16 +289,18 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         unresolved_scopes = list(dict.fromkeys(unresolved_scopes))
         checks.extend(own_checks)
         problems.extend(f"{variant}@{backend}: {p}" for p in own_problems)
+        # a breach blocks the variant (exit 1): its passes that are no evidence (too few rows, undefined) are then notes
+        breached = any(c.status == "breach" for c in own_checks)
+        held = problems if spec.unresolved == "fail" and not breached else unresolved_notes
+        unjudged = unjudged_scopes(own_checks, named_some) if resolve else ""
+        if unjudged and not _same_graph(results, variant, backend):
+            held.append(f"{variant}@{backend}: {unjudged}")
         if not unresolved_scopes or _same_graph(results, variant, backend):
             continue
         small_passes += [(f"{variant}@{backend}", why) for why in unresolved_scopes]
         on_spread |= spread
         if resolve:
-            why = f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}"
-            # a breach on another scope is evidence enough to block the variant (exit 1): its unresolved passes
-            # change nothing then, and are a note
-            breached = any(c.status == "breach" for c in own_checks)
-            (problems if spec.unresolved == "fail" and not breached else unresolved_notes).append(why)
+            held.append(f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}")
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
                      and (v, b) not in skipped]  # fmt: skip
@@ -482,7 +482,7 @@ def _check(
     if too_small(own, spec):
         reason = UNDER_MIN_SIZE
     elif own.name != "overall" and _undefined_for_fp32(spec.metric, ref, own):
-        reason = f"not judged: {spec.metric} is undefined on this scope for FP32 too"
+        reason = f"not judged: {spec.metric} {UNDEFINED_FOR_FP32}"
     elif not finite and not (explained and math.isfinite(ref_value)):
         return None
     else:

@@ -58,7 +58,7 @@ import numpy as np
 from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
-    from qbench.gate.evaluate import GateReport
+    from qbench.gate.evaluate import GateCheck, GateReport
     from qbench.results.schema import SliceMetrics
 
 CONFIDENCE = 0.95
@@ -67,6 +67,7 @@ CONFIDENCE = 0.95
 PASS_UNRESOLVED = "pass unresolved"
 MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
 RESOLVE_SEARCH_LIMIT = 100  # an unresolved drop names the rows that would resolve it up to this many times the scope's
+UNDEFINED_FOR_FP32 = "is undefined on this scope for FP32 too"  # the end of a skipped check's reason: the data's doing
 
 
 class JudgedPass:
@@ -136,6 +137,27 @@ def unresolved_pick(label: str, why: str | None, setting: str) -> str:
     counted = "so it is reported as not passing" if setting == "fail" else "its pass counts, as the gate's would"
     return (f"{label} passed on the selection rows, but its pass rests on too few of them to resolve the tolerance, "
             f"and no candidate's pass was resolved there (gate.unresolved: {setting}: {counted}): {why}")
+
+
+def unjudged_scopes(checks: Sequence[GateCheck], named: Callable[[Sequence[str]], str]) -> str:
+    """Why a variant's pass says nothing of some slices it is judged on, one phrase ('' where none): every gated metric
+    is undefined there for FP32 too (R² of a constant target, nn_agreement on one row) and no check of the slice passed
+    or breached, so none of the variant's figures was compared with FP32's on its rows. A slice skipped as too small
+    (gate.min_slice_size) is the recipe's choice, not one of these. A pass there would be a pass by omission (before,
+    exit 0 with the slice shown as skipped), so the gate holds it as it holds a pass too few rows resolve
+    (gate.unresolved). `named`: how a list of scopes is shortened to a line (qbench.gate.evaluate.named_some)."""
+    judged = {check.scope for check in checks if check.status != "skipped"}
+    undefined: dict[str, list[str]] = {}
+    for check in checks:
+        if check.status == "skipped" and check.reason.endswith(UNDEFINED_FOR_FP32) and check.scope not in judged:
+            undefined.setdefault(check.scope, []).append(check.metric)
+    if not undefined:
+        return ""
+    scopes = [f"{scope} ({', '.join(dict.fromkeys(metrics))})" for scope, metrics in undefined.items()]
+    return (f"not judged on {named(scopes)}: every gated metric there is undefined for FP32 too (a constant target, a "
+            "one-row slice), so its pass says nothing of those rows; gate also on a metric defined there "
+            "(gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: note to let the "
+            "pass count with this note")
 
 
 def rows_to_resolve(tolerance: float, span: float = 1.0) -> float:

@@ -427,15 +427,29 @@ def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
     }  # fmt: skip
 
 
+UNJUDGED = ("int8-a@onnxruntime-cpu: not judged on noisy (accuracy): every gated metric there is undefined for FP32 "
+            "too (a constant target, a one-row slice), so its pass says nothing of those rows; gate also on a metric "
+            "defined there (gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: note "
+            "to let the pass count with this note")  # fmt: skip
+
+
 def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_slice():
     """R² of a constant target is NaN for FP32 and the variant alike, with no NaN/inf output: that slice is a skipped
-    check saying why (never a pass); on the overall scope nothing can be judged. A NaN FP32 does not share (or FP32's
-    alone) is no such thing."""
-    both_nan = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
-                                   variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99})), SPEC)  # fmt: skip
-    assert both_nan.exit_code == EXIT_PASS and not both_nan.problems
-    noisy = next(c for c in both_nan.checks if c.scope == "noisy")
+    check saying why (never a pass), and the variant's pass says nothing of its rows, so it cannot pass by that
+    omission: unusable (exit 2; it passed, exit 0), or under gate.unresolved: note a pass with that note; on the
+    overall scope nothing can be judged. A NaN FP32 does not share (or FP32's alone) is no such thing."""
+    both = sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
+                 variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.99}))  # fmt: skip
+    both_nan = evaluate_gate(both, SPEC)
+    assert both_nan.exit_code == EXIT_UNUSABLE and both_nan.problems == (UNJUDGED,)
+    noted = evaluate_gate(both, SPEC.model_copy(update={"unresolved": "note"}))
+    assert noted.exit_code == EXIT_PASS and UNJUDGED in noted.notes and not noted.problems
+    noisy = next(c for c in noted.checks if c.scope == "noisy")
     assert (noisy.status, noisy.reason) == ("skipped", "not judged: accuracy is undefined on this scope for FP32 too")
+    # a breach elsewhere blocks the variant whatever that slice holds: the unjudged slice is then a note
+    breaching = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
+                                    variant("int8-a", 0.95, {"noisy": math.nan, "clean": 0.90})), SPEC)  # fmt: skip
+    assert breaching.exit_code == EXIT_BREACH and UNJUDGED in breaching.notes
     overall = evaluate_gate(sweep(variant("fp32", math.nan, {"noisy": 0.9, "clean": 0.99}),
                                   variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert overall.exit_code == EXIT_UNUSABLE

@@ -189,29 +189,43 @@ def test_without_the_data_the_gate_says_the_slices_were_not_re_derived(tmp_path:
 
 
 def test_r2_undefined_on_a_constant_target_slice_is_not_judged_there(tmp_path: Path, capsys):
-    """An offline sensor always reads 0: R² is undefined on that slice for FP32 and FP16 alike. The slice is shown as
-    not judged (never passed), the rest is judged; results that are not tampered with are not called unusable."""
+    """An offline sensor's target always reads 0 (its inputs are noise): R² is undefined on that slice for FP32 and
+    FP16 alike. The slice is shown as not judged (never passed), the rest is judged; results that are not tampered
+    with are not called unusable for it, but FP16's pass says nothing of the offline rows, so it is no pass (exit 2;
+    it was exit 0) until a gated metric defined there judges them (gate.metrics: r2 and mae, exit 0) or
+    gate.unresolved: note lets it count (exit 0)."""
     rng = np.random.default_rng(1)
     weights = np.array([[2.0], [-1.0], [0.5]])
     linear_model(tmp_path / "model.onnx", weights, "y")
     x = rng.normal(size=(ROWS, 3)).astype(np.float32)
     offline = np.arange(ROWS) % 5 == 0
-    x[offline] = 0.0
+    x[offline] = rng.normal(scale=0.01, size=(int(offline.sum()), 3))
     target = (x @ weights)[:, 0] + rng.normal(scale=0.1, size=ROWS)
     target[offline] = 0.0
     pd.DataFrame({"x": list(x), "y": target, "sensor": np.where(offline, "offline", "online"),
                   "split": ["calib" if i < CALIBRATION else "eval" for i in range(ROWS)]}).to_parquet(tmp_path / "rows.parquet")  # fmt: skip
     body = {"data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "sensor"}]}}
-    recipe = write_recipe(tmp_path, body, gate={"metric": "r2", "max_drop": 0.01, "max_slice_drop": 0.01}, task="regression")
+    r2 = {"metric": "r2", "max_drop": 0.01, "max_slice_drop": 0.01}
+    recipe = write_recipe(tmp_path, copy.deepcopy(body), gate=r2, task="regression")
     swept(recipe)
     report = tmp_path / "gate.json"
     capsys.readouterr()
+    assert main(["gate", str(recipe), "--json", str(report)]) == 2
+    assert "UNUSABLE fp16@onnxruntime-cpu: not judged on sensor=offline (r2): every gated metric there is undefined " \
+           "for FP32 too" in shown(capsys)  # fmt: skip
+    write_recipe(tmp_path, copy.deepcopy(body), gate={**r2, "unresolved": "note"}, task="regression")
     assert main(["gate", str(recipe), "--json", str(report)]) == 0, shown(capsys)
     assert "(1 skipped: sensor=offline not judged: r2 is undefined on this scope for FP32 too)" in shown(capsys)
     checks = {c["scope"]: c for c in json.loads(report.read_text())["checks"]}
     assert checks["sensor=offline"]["status"] == "skipped"
     assert checks["sensor=offline"]["reason"] == "not judged: r2 is undefined on this scope for FP32 too"
     assert checks["sensor=online"]["status"] == checks["overall"]["status"] == "pass"
+    both = {"metrics": [r2, {"metric": "mae", "max_drop": 0.01, "max_slice_drop": 0.01}]}
+    write_recipe(tmp_path, copy.deepcopy(body), gate=both, task="regression")
+    assert main(["gate", str(recipe), "--json", str(report)]) == 0, shown(capsys)
+    offline_checks = {c["metric"]: c["status"] for c in json.loads(report.read_text())["checks"]
+                      if c["scope"] == "sensor=offline"}  # fmt: skip
+    assert offline_checks == {"r2": "skipped", "mae": "pass"}
 
 
 # -- copies of an input ------------------------------------------------------------------------------
