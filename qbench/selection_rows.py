@@ -32,8 +32,7 @@ from qbench.data.leakage import row_digests
 from qbench.data.nonfinite import NonfiniteMasks, drop_nonfinite, missing_slices
 from qbench.data.sampling import draw_from_strata, group_codes, slice_strata
 from qbench.data.slices import slice_masks
-from qbench.errors import QbenchError
-from qbench.gate.evaluate import named_some
+from qbench.errors import QbenchError, named_some
 from qbench.modelinfo.signature import TensorMeta
 from qbench.recipe.data import DataSpec
 from qbench.recipe.spec import Recipe

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import qbench
-from qbench.errors import QbenchError, short_repr
+from qbench.errors import QbenchError, named_some, short_repr
 from qbench.frontier.pareto import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate.checks import unmatched_globs
 from qbench.gate.notes import (
@@ -170,19 +170,6 @@ class GateReport:
         return [p for p in self.problems if key in self.gated and problem_owner(self.gated, p) == key]
 
 
-NAMED_SCOPES = 5
-"""Scopes a one-line verdict names (unresolved passes, breaching slices, skipped slices) before counting the rest:
-with 1,000 slices of 20 rows each, one variant's unresolved note was a line of 149 KB. The JSON report lists each
-scope (its checks, and `unresolved`: every reason)."""
-
-
-def named_some(items: Sequence[str], separator: str = ", ") -> str:
-    """'a, b, c, d, e and 3 more': at most NAMED_SCOPES of `items`, the rest counted, so a line stays a line."""
-    shown = separator.join(items[:NAMED_SCOPES])
-    rest = len(items) - NAMED_SCOPES
-    return f"{shown} and {rest} more" if rest > 0 else shown
-
-
 def problem_owner(gated: Sequence[str], problem: str) -> str | None:
     """The variant@backend of `gated` a problem ('int8@cpu: ...') or a note ('int8@cpu computes ...') is about, or
     None when it is about the results as a whole."""
@@ -292,7 +279,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         # a breach blocks the variant (exit 1): its passes that are no evidence (too few rows, undefined) are then notes
         breached = any(c.status == "breach" for c in own_checks)
         held = problems if spec.unresolved == "fail" and not breached else unresolved_notes
-        unjudged = unjudged_scopes(own_checks, named_some) if resolve else ""
+        unjudged = unjudged_scopes(own_checks) if resolve else ""
         if unjudged and not _same_graph(results, variant, backend):
             held.append(f"{variant}@{backend}: {unjudged}")
         if not unresolved_scopes or _same_graph(results, variant, backend):

@@ -9,7 +9,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, named_some
 from qbench.gate.tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import AccuracyResult, SweepResults, VariantResult
@@ -26,7 +26,7 @@ def tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple
         f"tolerances: the defaults, max_drop {DEFAULT_MAX_DROP:g} and max_slice_drop {DEFAULT_MAX_SLICE_DROP:g}, as "
         f"drops in {spec.metric}'s own units (a recipe's own metric: set data_units: true in metrics: for shares of "
         "FP32's figure, or state gate.max_drop and gate.max_slice_drop)"]  # fmt: skip
-    notes += vacuous_tolerances(spec)
+    notes += vacuous_tolerances(spec, _references(results, pairs))
     for backend in dict.fromkeys(b for _, b in pairs):
         with contextlib.suppress(QbenchError):  # unformed: each variant's problem says why
             basis = reference_tolerances(results.find(results.reference, backend), spec).basis
@@ -34,19 +34,42 @@ def tolerance_notes(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple
     return notes
 
 
-def vacuous_tolerances(spec: GateSpec) -> list[str]:
-    """A note per stated absolute tolerance at least the gate metric's whole range (accuracy's 0..1): no variant can
-    breach it, however wrong (`max_drop: 1` meant as 1 % passed a variant whose accuracy fell from 1.0 to 0.776 with no
-    word said). A note, not an error: a recipe may leave the verdict to the SLO on purpose."""
+def vacuous_tolerances(spec: GateSpec, references: Sequence[VariantResult] = ()) -> list[str]:
+    """A note per stated absolute tolerance no drop can exceed, so no variant can breach it, however wrong: one at
+    least the gate metric's whole range (accuracy's 0..1: `max_drop: 1` meant as 1 % passed a variant whose accuracy
+    fell from 1.0 to 0.776 with no word said), or, on a backend, at least the room FP32's own figure leaves (`max_drop:
+    0.5` meant as 0.5 % on an FP32 accuracy of 0.45 passed a variant scoring 0.05, unsaid): FP32's figure to the
+    metric's worst end, overall, and on each slice for max_slice_drop. A note, not an error: a recipe may leave the
+    verdict to the SLO on purpose. `references`: FP32's result on each backend judged."""
     info = METRICS.get(spec.metric)
     span = info.high - info.low if info is not None else math.inf
-    if is_relative(spec) or not math.isfinite(span):
+    if info is None or is_relative(spec):
         return []
     stated = [(field, value) for field, value in (("max_drop", spec.max_drop), ("max_slice_drop", spec.max_slice_drop))
-              if value is not None and value >= span]  # fmt: skip
-    return [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
-            f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
-            f"percent? {value:g} % is {value / 100:g})" for field, value in stated]  # fmt: skip
+              if value is not None]  # fmt: skip
+    notes = [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
+             f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'}{_in_percent(value)}"
+             for field, value in stated if value >= span]  # fmt: skip
+    worst = info.low if info.higher_is_better else info.high
+    for reference in references if math.isfinite(worst) else ():
+        for field, value in stated:
+            if reference.accuracy is None or value >= span:  # the whole range: said above
+                continue
+            scopes = [reference.accuracy.overall] if field == "max_drop" else [
+                scope for scope in reference.accuracy.slices if scope.judged_count(spec.metric) >= spec.min_slice_size]
+            within_room = [f"{scope.name} ({scope.metrics[spec.metric]:.4g})" for scope in scopes
+                           if abs(worst - scope.metrics.get(spec.metric, math.nan)) <= value]  # fmt: skip
+            if within_room:
+                where = within_room[0] if field == "max_drop" else \
+                    f"on slice{'s' * (len(within_room) > 1)} {named_some(within_room)}"  # fmt: skip
+                notes.append(f"tolerances on {reference.backend}: gate.{field} {value:g} is at least the most "
+                             f"{spec.metric} can drop from FP32's figure {where}, to {worst:g} at worst, so no drop "
+                             f"of it can breach there{_in_percent(value)}")  # fmt: skip
+    return notes
+
+
+def _in_percent(value: float) -> str:
+    return f" (a tolerance in percent? {value:g} % is {value / 100:g})"
 
 
 def _references(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[VariantResult]:

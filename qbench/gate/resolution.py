@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qbench.errors import named_some
 from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
@@ -139,13 +140,13 @@ def unresolved_pick(label: str, why: str | None, setting: str) -> str:
             f"and no candidate's pass was resolved there (gate.unresolved: {setting}: {counted}): {why}")
 
 
-def unjudged_scopes(checks: Sequence[GateCheck], named: Callable[[Sequence[str]], str]) -> str:
+def unjudged_scopes(checks: Sequence[GateCheck]) -> str:
     """Why a variant's pass says nothing of some slices it is judged on, one phrase ('' where none): every gated metric
     is undefined there for FP32 too (R² of a constant target, nn_agreement on one row) and no check of the slice passed
     or breached, so none of the variant's figures was compared with FP32's on its rows. A slice skipped as too small
     (gate.min_slice_size) is the recipe's choice, not one of these. A pass there would be a pass by omission (before,
     exit 0 with the slice shown as skipped), so the gate holds it as it holds a pass too few rows resolve
-    (gate.unresolved). `named`: how a list of scopes is shortened to a line (qbench.gate.evaluate.named_some)."""
+    (gate.unresolved)."""
     judged = {check.scope for check in checks if check.status != "skipped"}
     undefined: dict[str, list[str]] = {}
     for check in checks:
@@ -154,7 +155,7 @@ def unjudged_scopes(checks: Sequence[GateCheck], named: Callable[[Sequence[str]]
     if not undefined:
         return ""
     scopes = [f"{scope} ({', '.join(dict.fromkeys(metrics))})" for scope, metrics in undefined.items()]
-    return (f"not judged on {named(scopes)}: every gated metric there is undefined for FP32 too (a constant target, a "
+    return (f"not judged on {named_some(scopes)}: every gated metric there is undefined for FP32 too (a constant target, a "
             "one-row slice), so its pass says nothing of those rows; gate also on a metric defined there "
             "(gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: note to let the "
             "pass count with this note")

@@ -6,7 +6,8 @@ import json
 
 import numpy as np
 
-from qbench.gate.evaluate import EXIT_BREACH, EXIT_UNUSABLE, NAMED_SCOPES, evaluate_gate
+from qbench.errors import NAMED_SCOPES
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_UNUSABLE, evaluate_gate
 from qbench.gate.report import BREACH_LINES, console_lines, report_json, summary_line
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import SweepResults, VariantResult

@@ -273,6 +273,39 @@ def test_a_tolerance_of_the_metrics_whole_range_is_said_to_let_nothing_breach():
     assert not [n for n in judge(fp32, fp16, relative).notes if "whole range" in n]
 
 
+def test_a_tolerance_of_all_fp32_s_figure_can_lose_is_said_to_let_nothing_breach_there():
+    """The probe: `max_drop: 0.5` written as 0.5 % on a model whose FP32 accuracy is 0.45 passed an FP16 variant
+    scoring 0.05 with no word said: 0.5 is under accuracy's whole range, but over all FP32's figure can drop. A note
+    says so per backend, overall and for max_slice_drop on the slices whose FP32 figure it covers (hard: 0.1 against
+    0.2; easy's 0.8 is not); 0.4 overall, below FP32's 0.45, gets none."""
+    labels = np.tile([0, 1], 500)
+    hard = np.arange(1000) < 500
+    reference = labels.copy()
+    reference[:450] = 1 - reference[:450]  # hard: 0.1 right; easy: 0.8 (100 of 500 wrong); overall 0.45
+    reference[500:600] = 1 - reference[500:600]
+    variant = labels.copy()
+    variant[:950] = 1 - variant[:950]  # 0.05 overall
+
+    def result(name: str, decisions: np.ndarray) -> VariantResult:
+        scores = np.stack([1.0 - decisions, decisions], axis=1).astype(np.float32)
+        ref_scores = np.stack([1.0 - reference, reference], axis=1).astype(np.float32)
+        accuracy = evaluate_accuracy("classification", scores, ref_scores, labels, {"hard": hard, "easy": ~hard})
+        return VariantResult(variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "fp16",
+                             status="ok", accuracy=accuracy)  # fmt: skip
+
+    fp32, fp16 = result("fp32", reference), result("fp16", variant)
+    report = judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.5, max_slice_drop=0.2, unresolved="note"))
+    overall = next(c for c in report.checks if c.scope == "overall")
+    assert (overall.reference, overall.observed, overall.status) == (pytest.approx(0.45), pytest.approx(0.05), "pass")
+    assert [n for n in report.notes if "at worst" in n] == [
+        "tolerances on onnxruntime-cpu: gate.max_drop 0.5 is at least the most accuracy can drop from FP32's figure "
+        "overall (0.45), to 0 at worst, so no drop of it can breach there (a tolerance in percent? 0.5 % is 0.005)",
+        "tolerances on onnxruntime-cpu: gate.max_slice_drop 0.2 is at least the most accuracy can drop from FP32's "
+        "figure on slice hard (0.1), to 0 at worst, so no drop of it can breach there (a tolerance in percent? 0.2 % "
+        "is 0.002)"]  # fmt: skip
+    assert not [n for n in judge(fp32, fp16, GateSpec(metric="accuracy", max_drop=0.4)).notes if "at worst" in n]
+
+
 def test_labels_fp32_predicts_worse_than_their_mean_are_noted_on_a_label_based_gate():
     """The probe: regression labels in other units (x100 + 1000) left FP32's R² at -55 and a variant's changes, far
     smaller than FP32's own errors, invisible to MAE or R² against them: the gate passed with no word said. A note now
