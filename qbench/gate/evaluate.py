@@ -37,7 +37,7 @@ from qbench.gate.outputs import (
     other_output_kept_notes,
     other_output_notes,
 )
-from qbench.gate.resolution import UNDEFINED_FOR_FP32, interval_problems, rows_alone, unjudged_scopes, unresolved
+from qbench.gate.resolution import NOT_JUDGED, interval_problems, rows_alone, unjudged_scopes, unresolved
 from qbench.gate.tolerance import GivenTolerances, Tolerances, given_for, reference_tolerances
 from qbench.recipe.slo import SloSpec
 from qbench.recipe.spec import GateSpec
@@ -437,6 +437,13 @@ def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:
             "with data.evaluation.filter)")
 
 
+def _at_worst(metric: str, value: float) -> bool:
+    """FP32's figure is its metric's worst (accuracy or F1 0): no variant can do worse, so a drop cannot show."""
+    info = METRICS[metric]
+    worst = info.low if info.higher_is_better else info.high
+    return math.isfinite(worst) and value == worst
+
+
 def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bool:
     """The metric is NaN/inf on this scope for FP32 and the variant alike, and FP32 gives no NaN/inf output there:
     the data leaves it undefined (R² of a constant target, a one-row nn_agreement), so there is nothing to compare."""
@@ -469,7 +476,9 @@ def _check(
     if too_small(own, spec):
         reason = UNDER_MIN_SIZE
     elif own.name != "overall" and _undefined_for_fp32(spec.metric, ref, own):
-        reason = f"not judged: {spec.metric} {UNDEFINED_FOR_FP32}"
+        reason = f"{NOT_JUDGED}{spec.metric} is undefined on this scope for FP32 too"
+    elif finite and not either_way and _at_worst(spec.metric, ref_value):
+        reason = f"{NOT_JUDGED}FP32's {spec.metric} is {ref_value:g} here, its worst: no drop can show"
     elif not finite and not (explained and math.isfinite(ref_value)):
         return None
     else:

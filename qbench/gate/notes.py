@@ -39,8 +39,9 @@ def vacuous_tolerances(spec: GateSpec, references: Sequence[VariantResult] = ())
     least the gate metric's whole range (accuracy's 0..1: `max_drop: 1` meant as 1 % passed a variant whose accuracy
     fell from 1.0 to 0.776 with no word said), or, on a backend, at least the room FP32's own figure leaves (`max_drop:
     0.5` meant as 0.5 % on an FP32 accuracy of 0.45 passed a variant scoring 0.05, unsaid): FP32's figure to the
-    metric's worst end, overall, and on each slice for max_slice_drop. A note, not an error: a recipe may leave the
-    verdict to the SLO on purpose. `references`: FP32's result on each backend judged."""
+    metric's worst end, overall, and on each slice for max_slice_drop (where FP32's figure is its worst, the gate judges
+    nothing: qbench.gate.resolution.unjudged_scopes). A note, not an error: a recipe may leave the verdict to the SLO
+    on purpose. `references`: FP32's result on each backend judged."""
     info = METRICS.get(spec.metric)
     span = info.high - info.low if info is not None else math.inf
     if info is None or is_relative(spec):
@@ -48,7 +49,8 @@ def vacuous_tolerances(spec: GateSpec, references: Sequence[VariantResult] = ())
     stated = [(field, value) for field, value in (("max_drop", spec.max_drop), ("max_slice_drop", spec.max_slice_drop))
               if value is not None]  # fmt: skip
     notes = [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
-             f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'}{_in_percent(value)}"
+             f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
+             f"percent? {value:g} % is {value / 100:g})"
              for field, value in stated if value >= span]  # fmt: skip
     worst = info.low if info.higher_is_better else info.high
     for reference in references if math.isfinite(worst) else ():
@@ -58,18 +60,14 @@ def vacuous_tolerances(spec: GateSpec, references: Sequence[VariantResult] = ())
             scopes = [reference.accuracy.overall] if field == "max_drop" else [
                 scope for scope in reference.accuracy.slices if scope.judged_count(spec.metric) >= spec.min_slice_size]
             within_room = [f"{scope.name} ({scope.metrics[spec.metric]:.4g})" for scope in scopes
-                           if abs(worst - scope.metrics.get(spec.metric, math.nan)) <= value]  # fmt: skip
+                           if 0 < abs(worst - scope.metrics.get(spec.metric, math.nan)) <= value]  # fmt: skip
             if within_room:
                 where = within_room[0] if field == "max_drop" else \
                     f"on slice{'s' * (len(within_room) > 1)} {named_some(within_room)}"  # fmt: skip
                 notes.append(f"tolerances on {reference.backend}: gate.{field} {value:g} is at least the most "
                              f"{spec.metric} can drop from FP32's figure {where}, to {worst:g} at worst, so no drop "
-                             f"of it can breach there{_in_percent(value)}")  # fmt: skip
+                             "of it can breach there")  # fmt: skip
     return notes
-
-
-def _in_percent(value: float) -> str:
-    return f" (a tolerance in percent? {value:g} % is {value / 100:g})"
 
 
 def _references(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[VariantResult]:

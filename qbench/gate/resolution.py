@@ -68,7 +68,8 @@ CONFIDENCE = 0.95
 PASS_UNRESOLVED = "pass unresolved"
 MIN_ROWS = 2  # a mean over one row has no spread, and one row is no sample of the inputs
 RESOLVE_SEARCH_LIMIT = 100  # an unresolved drop names the rows that would resolve it up to this many times the scope's
-UNDEFINED_FOR_FP32 = "is undefined on this scope for FP32 too"  # the end of a skipped check's reason: the data's doing
+# the start of a skipped check's reason where the data leaves no drop to judge (not gate.min_slice_size's skip)
+NOT_JUDGED = "not judged: "
 
 
 class JudgedPass:
@@ -141,24 +142,24 @@ def unresolved_pick(label: str, why: str | None, setting: str) -> str:
 
 
 def unjudged_scopes(checks: Sequence[GateCheck]) -> str:
-    """Why a variant's pass says nothing of some slices it is judged on, one phrase ('' where none): every gated metric
-    is undefined there for FP32 too (R² of a constant target, nn_agreement on one row) and no check of the slice passed
-    or breached, so none of the variant's figures was compared with FP32's on its rows. A slice skipped as too small
-    (gate.min_slice_size) is the recipe's choice, not one of these. A pass there would be a pass by omission (before,
-    exit 0 with the slice shown as skipped), so the gate holds it as it holds a pass too few rows resolve
-    (gate.unresolved)."""
+    """Why a variant's pass says nothing of some scopes it is judged on, one phrase ('' where none): no gated metric
+    can show a drop there (each skipped as NOT_JUDGED: undefined for FP32 too, as R² of a constant target; or FP32's
+    figure already the metric's worst, as F1 0 on rows without a positive label where FP32 predicts one) and no check
+    of the scope passed or breached, so none of the variant's figures was compared with FP32's on its rows. A slice
+    skipped as too small (gate.min_slice_size) is the recipe's choice, not one of these. A pass there would be a pass
+    by omission (before, exit 0 with the slice shown as skipped, or passed at F1 0 -> 0), so the gate holds it as it
+    holds a pass too few rows resolve (gate.unresolved)."""
     judged = {check.scope for check in checks if check.status != "skipped"}
-    undefined: dict[str, list[str]] = {}
+    why: dict[str, list[str]] = {}
     for check in checks:
-        if check.status == "skipped" and check.reason.endswith(UNDEFINED_FOR_FP32) and check.scope not in judged:
-            undefined.setdefault(check.scope, []).append(check.metric)
-    if not undefined:
+        if check.status == "skipped" and check.reason.startswith(NOT_JUDGED) and check.scope not in judged:
+            why.setdefault(check.scope, []).append(check.reason.removeprefix(NOT_JUDGED))
+    if not why:
         return ""
-    scopes = [f"{scope} ({', '.join(dict.fromkeys(metrics))})" for scope, metrics in undefined.items()]
-    return (f"not judged on {named_some(scopes)}: every gated metric there is undefined for FP32 too (a constant target, a "
-            "one-row slice), so its pass says nothing of those rows; gate also on a metric defined there "
-            "(gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: note to let the "
-            "pass count with this note")
+    scopes = [f"{scope} ({'; '.join(dict.fromkeys(reasons))})" for scope, reasons in why.items()]
+    return (f"not judged on {named_some(scopes)}: no gated metric can show a drop there, so its pass says nothing of "
+            "those rows; gate also on a metric that can (gate.metrics), leave those rows out (data.evaluation.filter), "
+            "or set gate.unresolved: note to let the pass count with this note")
 
 
 def rows_to_resolve(tolerance: float, span: float = 1.0) -> float:

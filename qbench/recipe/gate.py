@@ -66,8 +66,8 @@ class GateSpec(GatedMetric):
     applies_to: list[str] = Field(["*"], description="globs over variant names")
     min_slice_size: int = Field(1, ge=1, description="slices with fewer rows are reported but not judged")
     unresolved: Literal["fail", "note"] = Field(
-        "fail", description="a pass on too few rows to resolve the tolerance, or beside a slice no gated metric is "
-                            "defined on (qbench.gate.resolution): fail: cannot be judged (exit 2); note: a pass with "
+        "fail", description="a pass on too few rows to resolve the tolerance, or beside a slice no gated metric can "
+                            "judge (qbench.gate.resolution): fail: cannot be judged (exit 2); note: a pass with "
                             "a note")
 
     _first = model_validator(mode="before")(first_gated_metric)
