@@ -8,7 +8,8 @@ is an error instead of the last one silently winning. Every problem is a
 `RecipeError` naming the file and, where known, the line.
 
 The values of a row filter are compared with data cells, so they are read as YAML 1.2 reads them, not as
-PyYAML's YAML 1.1: an unquoted NO (Norway), yes, on, 007 or 010 is the text written, and 1e3 is a number.
+PyYAML's YAML 1.1: an unquoted NO (Norway), yes, on, 007 or 010 is the text written, and 1e3 is a number. A number
+written with an exponent and no dot (`max_drop: 1e-2`) is a number everywhere, as in YAML 1.2 and JSON.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def read_recipe_yaml(path: Path) -> tuple[Any, bytes]:
     if root is None:
         raise RecipeError(path, "", "the file is empty; expected a mapping with at least name, model and data")
     _check_bounds(path, root)
+    _exponents_as_numbers(root, set())
     _filters_as_yaml_1_2(root)
     try:
         return _StrictLoader(raw).construct_document(root), raw
@@ -158,13 +160,31 @@ _YAML_1_2 = {  # the YAML 1.2 core schema's plain scalars of each type (its null
 }
 
 
+_EXPONENT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")  # YAML 1.2's floats that have one
+
+
 def _filters_as_yaml_1_2(root: Node) -> None:
     """Re-tag the plain scalars under each `filter` key (data.calibration, data.evaluation, a slice, a variant's
     training rows) as YAML 1.2 would resolve them. PyYAML's YAML 1.1 made `country: {in: [NO, SE]}` select only SE
     (NO read as false), `code: 010` select the rows of code 8 (octal), `t: 12:30` the rows of 750 (base 60), and
-    `amount: 1e3` the text '1e3'. Only filters: elsewhere a recipe's values meet a typed field that refuses the
-    wrong type; a filter's meet data cells, which silently differ."""
+    `amount: 1e3` the text '1e3'. Only filters (but for exponents: _exponents_as_numbers): elsewhere a recipe's values
+    meet a typed field that refuses the wrong type; a filter's meet data cells, which silently differ."""
     _each_filter(root, set())
+
+
+def _exponents_as_numbers(node: Node, seen: set[int]) -> None:
+    """Tag each plain value (not a key) YAML 1.1 leaves text for want of a dot and YAML 1.2 reads as a number (1e-2,
+    5E3) a float. PyYAML kept `gate.max_drop: 1e-2` the text '1e-2', and the schema refused it as `expected a number,
+    got '1e-2'`: 0.01 as most people write it, and as YAML 1.2, JSON and Python read it."""
+    if id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, ScalarNode):
+        if node.style is None and node.tag == _STR_TAG and _EXPONENT.fullmatch(node.value):
+            node.tag = _FLOAT_TAG
+        return
+    for child in [value for _, value in node.value] if isinstance(node, MappingNode) else node.value:
+        _exponents_as_numbers(child, seen)
 
 
 def _each_filter(node: Node, seen: set[int]) -> None:

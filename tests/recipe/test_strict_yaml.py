@@ -87,3 +87,19 @@ def test_every_filter_of_the_recipe_is_read_alike_and_nothing_else(tmp_path: Pat
     document, _ = read_recipe_yaml(path)
     assert document["variants"][0]["qat"]["train"]["filter"]["country"] == ["NO", "010", "on", 1000.0, True, None]
     assert document["other"] == [False, 8]
+
+
+def test_a_number_with_an_exponent_and_no_dot_is_a_number_everywhere(tmp_path: Path) -> None:
+    """The probe: `gate.max_drop: 1e-2` (0.01 as most people write it, and as YAML 1.2, JSON and Python read it) was
+    refused, `gate.max_drop: expected a number, got '1e-2'` (YAML 1.1 wants a dot). Now it is 0.01; quoted, it is the
+    text written (refused there as before), and a key stays the text it is."""
+    path = _recipe(tmp_path, "{answer: 'yes'}")
+    path.write_text(path.read_text() + "gate: {metric: accuracy, max_drop: 1e-2, max_slice_drop: 2E-2}\n")
+    gate = load_recipe(path).gate
+    assert (gate.max_drop, gate.max_slice_drop) == (0.01, 0.02)
+    path.write_text(path.read_text().replace("max_drop: 1e-2", "max_drop: '1e-2'"))
+    with pytest.raises(RecipeError, match=r"gate\.max_drop: expected a number, got '1e-2'"):
+        load_recipe(path)
+    path.write_text("other: {1e3: 1e3, text: '1e3', list: [+1e3, 1.0e3, 10]}\n")
+    document, _ = read_recipe_yaml(path)
+    assert document["other"] == {"1e3": 1000.0, "text": "1e3", "list": [1000.0, 1000.0, 10]}
