@@ -18,11 +18,7 @@ normal form of the recipe's model, computing the same outputs:
   the weights in float32 behind Casts, FP8 left them unquantized, and static INT8 dropped them while dynamic INT8
   kept some: each variant had another interface and another share of the graph in its precision;
 - IR version 4 at least: before it every initializer had to be listed as a graph input too, so each scale, zero
-  point or rewritten weight a builder adds would make the model invalid;
-- a Constant node holds its value as a tensor (`value`), never as a scalar or list attribute (`value_float`,
-  `value_ints`...; torch.onnx's dynamo exporter writes `value_float` without its optimizer): ORT's FP16 converter
-  narrows a `value` tensor and declares the node's output float16, but leaves a `value_float` float32 under that
-  declaration, and ONNX Runtime refused the FP16 model (`Mul bound to different types`). In every subgraph too.
+  point or rewritten weight a builder adds would make the model invalid.
 
 The FP32 reference that is measured stays the recipe's own file. Every built model is settled (set-aside outputs
 back, the fed inputs in the reference's order, nodes sorted) and passes the onnx checker and the check that its fed
@@ -37,25 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-from onnx import AttributeProto, helper
+from onnx import helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.variants.base import BuiltVariant
-from qbench.variants.onnx_utils import (
-    all_nodes,
-    check_model_against,
-    load_model,
-    rename_reads,
-    sort_nodes,
-    subgraphs_of,
-)
+from qbench.variants.onnx_utils import check_model_against, load_model, rename_reads, sort_nodes, subgraphs_of
 
 _INITIALIZERS_APART_IR = 4  # the first IR version whose initializers need not be listed as graph inputs
-_CONSTANT_ATTRIBUTE_TYPES = {  # a Constant's value attribute other than `value`: the tensor type it stands for
-    "value_float": onnx.TensorProto.FLOAT, "value_floats": onnx.TensorProto.FLOAT,
-    "value_int": onnx.TensorProto.INT64, "value_ints": onnx.TensorProto.INT64,
-    "value_string": onnx.TensorProto.STRING, "value_strings": onnx.TensorProto.STRING,
-}  # fmt: skip
 
 
 def load_reference(path: Path) -> onnx.ModelProto:
@@ -81,7 +65,6 @@ def normalise(model: onnx.ModelProto) -> None:
         graph.ClearField("input")
         graph.input.extend(fed)
     _produce_initializer_outputs(graph)
-    _constant_values_as_tensors(graph)
     inputs = {value.name for value in graph.input}
     kept = [output for output in graph.output if output.name not in inputs]
     if len(kept) < len(graph.output):
@@ -116,23 +99,6 @@ def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:
     nodes = [*identities, *graph.node]  # they read initializers only: first keeps the graph sorted
     graph.ClearField("node")
     graph.node.extend(nodes)
-
-
-def _constant_values_as_tensors(graph: onnx.GraphProto) -> None:
-    """Every Constant node of `graph` and its subgraphs that holds its value in a scalar or list attribute holds it
-    as the `value` tensor that attribute stands for (a single value: a scalar tensor; a list: a 1-D one), in place."""
-    for node in all_nodes(graph):
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
-            continue
-        attribute = node.attribute[0]
-        if attribute.name not in _CONSTANT_ATTRIBUTE_TYPES:
-            continue
-        value = helper.get_attribute_value(attribute)
-        listed = attribute.type in (AttributeProto.FLOATS, AttributeProto.INTS, AttributeProto.STRINGS)
-        tensor = helper.make_tensor(node.output[0], _CONSTANT_ATTRIBUTE_TYPES[attribute.name],
-                                    [len(value)] if listed else [], value if listed else [value])  # fmt: skip
-        node.ClearField("attribute")
-        node.attribute.append(helper.make_attribute("value", tensor))
 
 
 def names_in(graph: onnx.GraphProto) -> set[str]:

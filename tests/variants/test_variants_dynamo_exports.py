@@ -13,7 +13,6 @@ from onnx import helper
 from qbench.recipe.spec import VariantSpec
 from qbench.variants.base import BuildContext
 from qbench.variants.fp16 import build_bf16, build_fp16
-from qbench.variants.reference import load_reference
 
 
 def _constant_scaled_mlp(graph, path: Path, **value) -> Path:
@@ -37,35 +36,6 @@ def test_fp16_of_a_constant_held_as_a_float_attribute_loads_and_computes_the_mod
         error = np.abs(run(built, feeds) - reference).max() / np.abs(reference).max()
         print(f"{build.__name__}: max relative error {error:.2e}")
         assert error < 0.02
-
-
-@pytest.mark.parametrize(
-    ("attribute", "expected"),
-    [
-        (helper.make_attribute("value_float", 1.5), np.array(1.5, np.float32)),
-        (helper.make_attribute("value_floats", [1.0, 2.0]), np.array([1.0, 2.0], np.float32)),
-        (helper.make_attribute("value_int", 7), np.array(7, np.int64)),
-        (helper.make_attribute("value_ints", [3, -1]), np.array([3, -1], np.int64)),
-    ],
-)
-def test_the_reference_holds_every_constant_as_a_tensor_of_the_attributes_type(graph, tmp_path, attribute, expected):
-    """One form for every rewrite to read, in the main graph and in an If branch alike."""
-    constant = helper.make_node("Constant", [], ["c"])
-    constant.attribute.append(attribute)
-    branch = helper.make_graph([constant], "branch", [], [helper.make_tensor_value_info("c", 0, None)])
-    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Cast", ["s"], ["flag"], to=9),
-             helper.make_node("If", ["flag"], ["z"], then_branch=branch, else_branch=branch),
-             helper.make_node("Identity", ["x"], ["y"])]  # fmt: skip
-    top = helper.make_node("Constant", [], ["c_top"])
-    top.attribute.append(attribute)
-    path = graph(tmp_path / "constants.onnx", [top, *nodes], {}, {"x": 2}, {"y": 2}, opset=18)
-    model = load_reference(path)
-    if_node = next(node for node in model.graph.node if node.op_type == "If")
-    for node in (model.graph.node[0], if_node.attribute[0].g.node[0]):
-        assert [a.name for a in node.attribute] == ["value"]
-        value = onnx.numpy_helper.to_array(node.attribute[0].t)
-        assert value.dtype == expected.dtype
-        np.testing.assert_array_equal(value, expected)
 
 
 def test_fp16_of_a_dynamo_export_without_its_optimizer_matches_torch(tmp_path):
