@@ -1,4 +1,5 @@
-"""Reading an ONNX file into the one form qbench inspects and builds from: model-local functions inlined.
+"""Reading an ONNX file into the one form qbench inspects and builds from: model-local functions inlined, and every
+Constant's value a tensor.
 
 Exporters wrap layers in ONNX local functions (`FunctionProto`: the TorchScript exporter's
 `export_modules_as_functions`, onnxscript-authored models, graphs saved by onnx-ir based tools): the main graph
@@ -15,6 +16,13 @@ level), the path a user reads in the un-inlined model and the scope `explain --g
 work with. onnx's inliner alone names them after the function body with a counter (`matmul__7`), which says
 nothing about the layer and changes when a call is added. The names are a function of the file alone, so every
 read names them alike.
+
+A Constant node may hold its value in `value` (a tensor) or in a scalar or list attribute (`value_float`,
+`value_ints`, ...): torch.onnx's dynamo exporter without its optimizer writes most shapes as `value_ints` and
+scalars as `value_float`. Every reader (the checks' constant shapes and tables, the builders' rewrites) and ORT's
+converters read `value`: its FP16 converter narrowed a `value` tensor and declared the node's output float16, but
+left a `value_float` float32 under that declaration, and ONNX Runtime refused the FP16 model (`Mul bound to
+different types`). Each such attribute is read as the `value` tensor it stands for, in every subgraph too.
 """
 
 from __future__ import annotations
@@ -29,13 +37,21 @@ import onnx
 
 from qbench.errors import QbenchError, one_line
 
+_CONSTANT_ATTRIBUTE_TYPES = {  # a Constant's value attribute other than `value`: the tensor type it stands for
+    "value_float": onnx.TensorProto.FLOAT, "value_floats": onnx.TensorProto.FLOAT,
+    "value_int": onnx.TensorProto.INT64, "value_ints": onnx.TensorProto.INT64,
+    "value_string": onnx.TensorProto.STRING, "value_strings": onnx.TensorProto.STRING,
+}  # fmt: skip
+
 
 def read_onnx(path: Path, *, weights: bool = False) -> onnx.ModelProto:
-    """The model at `path` with its local functions inlined; external tensors are read in only with `weights`.
+    """The model at `path` with its local functions inlined and its Constants' values tensors; external tensors are
+    read in only with `weights`.
 
     Inlining runs before the external data is loaded, so a model over protobuf's 2 GiB inlines too.
     """
     model = inline_functions(onnx.load(str(path), load_external_data=False), path)
+    constant_values_as_tensors(model.graph)
     if weights:
         from onnx.external_data_helper import load_external_data_for_model
 
@@ -173,6 +189,26 @@ def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx
     inlined.opset_import.extend(kept)
     _drop_inliner_suffixes(inlined.graph, scoped)
     return inlined
+
+
+def constant_values_as_tensors(graph: onnx.GraphProto) -> None:
+    """Every Constant node of `graph` and its subgraphs that holds its value in a scalar or list attribute holds it
+    as the `value` tensor that attribute stands for (a single value: a scalar tensor; a list: a 1-D one), in place."""
+    for node in graph.node:
+        for attribute in node.attribute:
+            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                constant_values_as_tensors(body)
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+            continue
+        attribute = node.attribute[0]
+        if attribute.name not in _CONSTANT_ATTRIBUTE_TYPES:
+            continue
+        value = onnx.helper.get_attribute_value(attribute)
+        listed = attribute.type in (onnx.AttributeProto.FLOATS, onnx.AttributeProto.INTS, onnx.AttributeProto.STRINGS)
+        tensor = onnx.helper.make_tensor(node.output[0], _CONSTANT_ATTRIBUTE_TYPES[attribute.name],
+                                         [len(value)] if listed else [], value if listed else [value])  # fmt: skip
+        node.ClearField("attribute")
+        node.attribute.append(onnx.helper.make_attribute("value", tensor))
 
 
 FunctionKey = tuple[str, str, str]

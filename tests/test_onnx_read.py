@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.onnx_read import read_onnx
+from qbench.onnx_read import constant_leading_sizes, read_onnx
 
 RNG = np.random.default_rng(0)
 W = RNG.normal(size=(4, 4)).astype(np.float32)
@@ -52,6 +52,55 @@ def test_every_call_is_inlined_computing_the_same_and_named_alike_on_every_read(
     np.testing.assert_array_equal(_run(model, x), _run(path, x))
     names = [n.name for n in model.graph.node]
     assert len(set(names)) == len(names) and names == [n.name for n in read_onnx(path).graph.node]
+
+
+def _reshaped_through(path: Path, attribute: onnx.AttributeProto) -> Path:
+    """y = Reshape(x, shape) + an If on sum(x) > 0 whose both branches give a Constant: every Constant holds
+    `attribute`, the shape [4, 4] (value_ints) where that is its type."""
+
+    def constant(output: str) -> onnx.NodeProto:
+        node = helper.make_node("Constant", [], [output], name=output)
+        node.attribute.append(attribute)
+        return node
+
+    branch = helper.make_graph([constant("c")], "branch", [], [helper.make_tensor_value_info("c", 0, None)])
+    graph = helper.make_graph(
+        [constant("shape"), helper.make_node("Reshape", ["x", "shape"], ["y"]),
+         helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0), helper.make_node("Cast", ["s"], ["flag"], to=9),
+         helper.make_node("If", ["flag"], ["z"], then_branch=branch, else_branch=branch)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None), helper.make_tensor_value_info("z", 0, None)],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8), str(path))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("attribute", "expected"),
+    [
+        (helper.make_attribute("value_float", 1.5), np.array(1.5, np.float32)),
+        (helper.make_attribute("value_floats", [1.0, 2.0]), np.array([1.0, 2.0], np.float32)),
+        (helper.make_attribute("value_int", 7), np.array(7, np.int64)),
+        (helper.make_attribute("value_ints", [4, 4]), np.array([4, 4], np.int64)),
+        (helper.make_attribute("value_strings", ["a", "b"]), np.array(["a", "b"], object)),
+    ],
+)
+def test_every_constant_is_read_as_a_tensor_of_its_attributes_type_in_subgraphs_too(tmp_path, attribute, expected):
+    """torch.onnx's dynamo exporter without its optimizer writes shapes as Constant(value_ints), scalars as
+    Constant(value_float): qbench's readers and ORT's converters read a Constant's `value` tensor."""
+    model = read_onnx(_reshaped_through(tmp_path / "m.onnx", attribute))
+    if_node = next(node for node in model.graph.node if node.op_type == "If")
+    for node in (model.graph.node[0], if_node.attribute[0].g.node[0]):
+        assert [a.name for a in node.attribute] == ["value"]
+        value = numpy_helper.to_array(node.attribute[0].t)
+        assert value.dtype == expected.dtype
+        np.testing.assert_array_equal(value, expected)
+
+
+def test_a_batch_fixed_by_a_shape_written_as_value_ints_is_found(tmp_path):
+    """A Reshape to [4, 4] behind an input [N, 4] fixes the batch at 4, however its Constant holds the shape."""
+    path = _reshaped_through(tmp_path / "m.onnx", helper.make_attribute("value_ints", [4, 4]))
+    assert constant_leading_sizes(read_onnx(path)) == {4}
 
 
 def test_a_model_without_functions_is_read_as_it_is(tmp_path):

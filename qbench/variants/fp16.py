@@ -229,8 +229,8 @@ def _holds_float_value(node: onnx.NodeProto) -> bool:
     the conversions narrow. A ConstantOfShape without one fills with float32 zeros, which every format holds."""
     if node.op_type not in ("Constant", "ConstantOfShape") or node.domain not in DEFAULT_DOMAINS:
         return False
-    return any((attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT)
-               or attribute.name in ("value_float", "value_floats") for attribute in node.attribute)  # fmt: skip
+    return any(attribute.name == "value" and attribute.t.data_type == TensorProto.FLOAT  # read_onnx: no value_float
+               for attribute in node.attribute)
 
 
 def _float_constants(model: onnx.ModelProto, kept: Collection[str]) -> list[tuple[str, TensorProto]]:
