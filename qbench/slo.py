@@ -363,7 +363,8 @@ def _judge_one(
         if within(observed, budget.p99_ms) and not behind and not shown:
             return None, (f"the sweep judged the simulated p99 at the budget's rate against {swept:g} ms, the budget "
                           f"it was swept with, not {budget.p99_ms:g} ms: re-run `qbench sweep` with this slo section")
-        if within(observed, budget.p99_ms) and not behind and serving.at_rate_undecided:
+        served = serving.served_at_rate
+        if serving.at_rate_undecided and not behind and (served is None or within(served.p99_ms, budget.p99_ms)):
             return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
                           f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "
                           "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
@@ -371,7 +372,6 @@ def _judge_one(
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "
                           "runs on, or budget a rate further from the instance's capacity")  # fmt: skip
-        served = serving.served_at_rate
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None

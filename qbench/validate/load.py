@@ -152,10 +152,13 @@ class Draws:
     seed: int | None = None
 
     @classmethod
-    def make(cls, requests: int, seed: int) -> Draws:
+    def make(cls, requests: int, seed: int, *, stream: int = 0) -> Draws:
+        """`requests` draws of `seed`; another `stream` (a positive number) draws from a stream of the seed independent
+        of stream 0's and of every other one's (the same seed alone began its draws with stream 0's: a replay on more
+        requests held the first one's arrivals, and a run quiet or unlucky by chance carried its luck on)."""
         if requests <= 0:
             raise QbenchError(f"requests must be positive, got {requests}")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed if stream == 0 else [seed, stream])
         return cls(rng.exponential(1.0, size=requests), rng.random(size=requests), seed)
 
     @property
@@ -208,11 +211,14 @@ class LoadReplay:
             self._full = self.service.service_ms(self.batcher.max_batch_size, self.draws.quantiles)
         return self._full
 
-    def with_requests(self, requests: int) -> LoadReplay:
-        """The same server replaying `requests` fresh draws of the same seed (draws given by hand cannot grow)."""
+    def with_requests(self, requests: int, *, independent: bool = False) -> LoadReplay:
+        """The same server replaying `requests` draws of the same seed (draws given by hand cannot grow): the seed's
+        first ones, which begin with these draws' arrivals (a search's rounds: qbench.validate.load_search), or, where
+        `independent`, a stream of the seed of their own, independent of these draws and of any other number's."""
         if self.draws.seed is None:
             raise QbenchError("draws given by hand cannot be extended: make them with Draws.make")
-        return type(self)(self.service, self.batcher, Draws.make(requests, self.draws.seed))
+        draws = Draws.make(requests, self.draws.seed, stream=requests if independent else 0)
+        return type(self)(self.service, self.batcher, draws)
 
     def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
         """Poisson arrivals at `rate_rps`, every request served; `overhead_ms` (per-request time outside the model
