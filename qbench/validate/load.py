@@ -66,6 +66,27 @@ class FixedServiceTime:
         return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size + (self.idle_ms if idle else 0.0))
 
 
+@dataclass(frozen=True)
+class HostWork:
+    """`service`'s times plus `per_row_ms` for each row of the batch: per-request work (pre-processing: tokenising,
+    decoding) done on the CPUs the model runs on, which it takes from the model as the batch's requests come in, so
+    the model serves fewer requests a second (qbench.slo charges it where the backend runs the model on the host)."""
+
+    service: ServiceTimes
+    per_row_ms: float
+
+    def __post_init__(self) -> None:
+        if not (self.per_row_ms >= 0 and math.isfinite(self.per_row_ms)):
+            raise QbenchError(f"per_row_ms must be a finite number >= 0, got {self.per_row_ms}")
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.service.max_batch_size
+
+    def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray:
+        return self.service.service_ms(batch_size, quantiles, idle) + self.per_row_ms * batch_size
+
+
 class _SampledSizes:
     """Sorted timings per batch size, read at a quantile; sizes between two measured ones interpolate."""
 
