@@ -248,16 +248,20 @@ def _with_load(
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
     search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
     A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
+    from qbench.backends import BACKENDS
+    from qbench.backends.base import needs_gpu
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing
-    from qbench.validate.load import Batcher, Draws, LoadReplay
+    from qbench.validate.load import Batcher, Draws, HostWork, LoadReplay
     from qbench.validate.load_search import judge_rate, search_max_rate
     from qbench.validate.serve import served_max_rate, settling_runs
 
     settings = load_settings(slo, backend, batch_sizes)
     budget = slo.budget(backend)
     batcher = Batcher(settings["max_batch_size"], settings["max_queue_delay_ms"])
-    replay = LoadReplay(served_times(samples_ms, batcher_samples), batcher, Draws.make(settings["requests"], settings["seed"]))
     overhead = serving.preprocess_ms_per_row if math.isfinite(serving.preprocess_ms_per_row) else 0.0
+    service = served_times(samples_ms, batcher_samples)  # a host backend's model shares its CPUs with pre-processing
+    service = service if needs_gpu(BACKENDS.get(backend)) else HostWork(service, overhead)
+    replay = LoadReplay(service, batcher, Draws.make(settings["requests"], settings["seed"]))
     hand_over_beside_timing()  # the MLflow logging held since the last measurement runs beside the simulation
     with clock.within("simulation"):
         at_rate, judged = (judge_rate(replay, budget.rate_rps, budget.p99_ms, overhead_ms=overhead) if budget.rate_rps
@@ -363,7 +367,8 @@ def _judge_one(
         if within(observed, budget.p99_ms) and not behind and not shown:
             return None, (f"the sweep judged the simulated p99 at the budget's rate against {swept:g} ms, the budget "
                           f"it was swept with, not {budget.p99_ms:g} ms: re-run `qbench sweep` with this slo section")
-        if within(observed, budget.p99_ms) and not behind and serving.at_rate_undecided:
+        served = serving.served_at_rate
+        if serving.at_rate_undecided and not behind and (served is None or within(served.p99_ms, budget.p99_ms)):
             return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
                           f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "
                           "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
@@ -371,7 +376,6 @@ def _judge_one(
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "
                           "runs on, or budget a rate further from the instance's capacity")  # fmt: skip
-        served = serving.served_at_rate
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None

@@ -46,13 +46,15 @@ def test_real_runs_that_met_a_tighter_budget_stand_for_a_loosened_one():
 
 
 def test_a_simulation_that_cannot_tell_whether_the_budgets_rate_is_within_budget_cannot_be_judged():
-    """Simulated and served p99 within the 10 ms budget, but the simulation at the budget's rate neither showed it
-    within nor over it at the most requests allowed: no pass (exit 2), one line saying why; a p99 over the budget is
-    a breach all the same."""
+    """The served p99 within the 10 ms budget, but the simulation at the budget's rate neither showed it within nor
+    over it at the most requests allowed: no pass (exit 2), one line saying why, and no breach either where the
+    simulated p99 is over the budget (12 ms: one replay's excursion, which the bound did not show over it; such a
+    replay breached a rate the server meets); a real run over the budget is a breach all the same."""
     results = _results()
     ok = results.find("int8-ok", "onnxruntime-cpu")
-    for p99, status in ((6.0, None), (12.0, "breach")):
-        variant = replace(ok, serving=replace(ok.serving, at_rate=_load(p99), at_rate_undecided=True))
+    for simulated, served, status in ((6.0, 6.0, None), (12.0, 6.0, None), (6.0, 12.0, "breach")):
+        serving = replace(ok.serving, at_rate=_load(simulated), served_at_rate=_load(served), at_rate_undecided=True)
+        variant = replace(ok, serving=serving)
         judged = replace(results, variants=tuple(variant if v.variant == "int8-ok" else v for v in results.variants))
         judgements, problems = judge_slo(judged, SLO, PAIR, [1, 32])
         if status is None:

@@ -60,6 +60,10 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
     Evidence("at_rate_bound", "each serving's at_rate_undecided (the simulated p99 at the budget's rate shown within "
              "it by the share over it up to its confidence bound, confirmed on 4x the requests, not by one replay's "
              "p99)", "the SLO's simulated p99 at the budget's rate", slo=True),
+    Evidence("at_rate_breach_bound", "each serving's at_rate_undecided where the simulated p99 at the budget's rate is "
+             "over it (a breach shown by the share over it down to its confidence bound, on replays independent of "
+             "each other, not by one replay's p99)", "a breach of the SLO's simulated p99 at the budget's rate",
+             slo=True),
 )}  # fmt: skip
 
 RECORDED: tuple[str, ...] = tuple(EVIDENCE)

@@ -66,6 +66,27 @@ class FixedServiceTime:
         return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size + (self.idle_ms if idle else 0.0))
 
 
+@dataclass(frozen=True)
+class HostWork:
+    """`service`'s times plus `per_row_ms` for each row of the batch: per-request work (pre-processing: tokenising,
+    decoding) done on the CPUs the model runs on, which it takes from the model as the batch's requests come in, so
+    the model serves fewer requests a second (qbench.slo charges it where the backend runs the model on the host)."""
+
+    service: ServiceTimes
+    per_row_ms: float
+
+    def __post_init__(self) -> None:
+        if not (self.per_row_ms >= 0 and math.isfinite(self.per_row_ms)):
+            raise QbenchError(f"per_row_ms must be a finite number >= 0, got {self.per_row_ms}")
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.service.max_batch_size
+
+    def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray:
+        return self.service.service_ms(batch_size, quantiles, idle) + self.per_row_ms * batch_size
+
+
 class _SampledSizes:
     """Sorted timings per batch size, read at a quantile; sizes between two measured ones interpolate."""
 
@@ -152,10 +173,13 @@ class Draws:
     seed: int | None = None
 
     @classmethod
-    def make(cls, requests: int, seed: int) -> Draws:
+    def make(cls, requests: int, seed: int, *, stream: int = 0) -> Draws:
+        """`requests` draws of `seed`; another `stream` (a positive number) draws from a stream of the seed independent
+        of stream 0's and of every other one's (the same seed alone began its draws with stream 0's: a replay on more
+        requests held the first one's arrivals, and a run quiet or unlucky by chance carried its luck on)."""
         if requests <= 0:
             raise QbenchError(f"requests must be positive, got {requests}")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(seed if stream == 0 else [seed, stream])
         return cls(rng.exponential(1.0, size=requests), rng.random(size=requests), seed)
 
     @property
@@ -208,11 +232,14 @@ class LoadReplay:
             self._full = self.service.service_ms(self.batcher.max_batch_size, self.draws.quantiles)
         return self._full
 
-    def with_requests(self, requests: int) -> LoadReplay:
-        """The same server replaying `requests` fresh draws of the same seed (draws given by hand cannot grow)."""
+    def with_requests(self, requests: int, *, independent: bool = False) -> LoadReplay:
+        """The same server replaying `requests` draws of the same seed (draws given by hand cannot grow): the seed's
+        first ones, which begin with these draws' arrivals (a search's rounds: qbench.validate.load_search), or, where
+        `independent`, a stream of the seed of their own, independent of these draws and of any other number's."""
         if self.draws.seed is None:
             raise QbenchError("draws given by hand cannot be extended: make them with Draws.make")
-        return type(self)(self.service, self.batcher, Draws.make(requests, self.draws.seed))
+        draws = Draws.make(requests, self.draws.seed, stream=requests if independent else 0)
+        return type(self)(self.service, self.batcher, draws)
 
     def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
         """Poisson arrivals at `rate_rps`, every request served; `overhead_ms` (per-request time outside the model

@@ -15,6 +15,13 @@ The theorem is asymptotic, and near capacity a sample can be quiet by chance (fe
 cycle with the most requests over the budget is counted again, as often as it takes for MIN_CLUSTERS cycles to hold
 some (at least once: the worst cluster seen could come twice); with fewer than MIN_CYCLES cycles the bound is 1
 (nothing is shown).
+
+A breach is shown the same way from below: the lower confidence bound of the share over the budget, over the cycles
+left when the one with the most requests over it is taken out (the worst cluster seen might not have come at all),
+and none (0) where fewer than MIN_CLUSTERS cycles hold any. A share over 1 % on one replay is not a breach shown:
+near a capacity full batches set, the requests over a budget come in rare excursions hundreds of requests long, and
+one of them in a replay of 80,000 requests put 1 % over a 20 ms budget that the server meets (0.03 % over it in 2
+million requests; tests/validate/test_load_rate.py).
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ MIN_CLUSTERS = 10
 
 class Verdict(str, Enum):
     PASS = "pass"  # the upper bound of the share over the budget is within TAIL_SHARE
-    FAIL = "fail"  # the share itself is over TAIL_SHARE
-    UNDECIDED = "undecided"  # the share is within, its upper bound is not: more requests could tell
+    FAIL = "fail"  # the lower bound of the share is over TAIL_SHARE
+    UNDECIDED = "undecided"  # neither bound is on one side of TAIL_SHARE: more requests could tell
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,10 @@ class TailBound:
     share: float  # requests over the threshold / requests
     upper: float  # one-sided upper confidence bound of the share (1.0: too few cycles to bound it)
     cycles: int
+    lower: float = 0.0  # one-sided lower confidence bound of the share (0.0: too few cycles or clusters to bound it)
 
     def verdict(self, tail_share: float = TAIL_SHARE) -> Verdict:
-        if self.share > tail_share:
+        if self.lower > tail_share:
             return Verdict.FAIL
         return Verdict.PASS if self.upper <= tail_share else Verdict.UNDECIDED
 
@@ -93,14 +101,21 @@ def tail_share_bound(
     cycles = first.size
     if cycles < MIN_CYCLES:
         return TailBound(share, 1.0, cycles)
-    worst = int(np.argmax(over))
-    copies = max(MIN_CLUSTERS - int(np.count_nonzero(over)), 1)
-    over = np.append(over, np.full(copies, over[worst]))
-    sizes = np.append(sizes, np.full(copies, sizes[worst])).astype(np.float64)
-    bounded = float(over.sum() / sizes.sum())
-    spread = float(np.sum((over - bounded * sizes) ** 2)) / (over.size - 1)
-    error = math.sqrt(spread / over.size) / float(sizes.mean())
-    return TailBound(share, min(bounded + NormalDist().inv_cdf(confidence) * error, 1.0), cycles)
+    z, worst, clusters = NormalDist().inv_cdf(confidence), int(np.argmax(over)), int(np.count_nonzero(over))
+    copies = max(MIN_CLUSTERS - clusters, 1)
+    upper = _ratio_bound(np.append(over, np.full(copies, over[worst])), np.append(sizes, np.full(copies, sizes[worst])), z)
+    lower = 0.0
+    if clusters > MIN_CLUSTERS:  # MIN_CLUSTERS holding some once the worst is out
+        lower = max(_ratio_bound(np.delete(over, worst), np.delete(sizes, worst), -z), 0.0)
+    return TailBound(share, min(upper, 1.0), cycles, lower)
+
+
+def _ratio_bound(over: np.ndarray, sizes: np.ndarray, z: float) -> float:
+    """sum(over) / sum(sizes) plus `z` standard errors of that ratio of cycle means (the regenerative CLT)."""
+    sizes = sizes.astype(np.float64)
+    ratio = float(over.sum() / sizes.sum())
+    spread = float(np.sum((over - ratio * sizes) ** 2)) / (over.size - 1)
+    return ratio + z * math.sqrt(spread / over.size) / float(sizes.mean())
 
 
 class ShareOver:

@@ -3,9 +3,10 @@ the search's rule, confirmed on more requests, never the p99 of one short replay
 
 from __future__ import annotations
 
+import numpy as np
 from test_load import D_MS, md1_p99_response_ms
 
-from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
+from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay, MeasuredServiceTimes
 from qbench.validate.load_search import judge_rate
 from qbench.validate.tail import Verdict
 
@@ -31,3 +32,26 @@ def test_a_rate_well_within_the_budget_passes_confirmed_on_more_requests():
     for seed in SEEDS:
         stats, verdict = _judged(400.0, seed)
         assert verdict is Verdict.PASS and stats.requests >= 20_000 and stats.p99_ms <= BUDGET_MS
+
+
+def test_a_rate_the_server_meets_near_a_capacity_full_batches_set_never_reads_as_a_breach():
+    """Batch 1 in 0.5 ms, 8 in 1 ms, 32 in 8 ms behind a batcher of 32 at 3,900 of its 4,000 req/s: 0.2 % of requests
+    over a 20 ms budget in 2 million. On these seeds one replay of 20,000-320,000 requests held an excursion into full
+    batches that put its p99 over the budget (20.0-36.9 ms), and the gate said breach; a breach now stands only where
+    the share over the budget is over 1 % on independent replays (bench/slo_verdict_near_capacity.py: 0 of 40)."""
+    from test_load_throughput import TIMINGS
+
+    service = MeasuredServiceTimes(TIMINGS)
+    for seed in (8, 10, 12, 16, 19, 22, 24):
+        assert judge_rate(LoadReplay(service, Batcher(32, 2.0), Draws.make(5000, seed)), 3900.0, 20.0)[1] is not Verdict.FAIL
+
+
+def test_a_replay_on_more_requests_is_independent_of_the_first_where_asked():
+    """A search's rounds extend the seed's first draws (their arrivals begin with the first round's); the verdict's
+    confirming replays draw streams of their own, so a first replay's luck is not carried into the next."""
+    replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(5000, 3))
+    first = replay.draws.unit_gaps
+    assert np.array_equal(replay.with_requests(20_000).draws.unit_gaps[:5000], first)
+    independent = replay.with_requests(20_000, independent=True).draws.unit_gaps
+    assert independent.size == 20_000 and not np.any(independent[:5000] == first)
+    assert np.array_equal(replay.with_requests(20_000, independent=True).draws.unit_gaps, independent)  # reproducible
