@@ -189,6 +189,27 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
     assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': the graph makes it with a linear layer")
 
 
+def _served_at_any_rate(monkeypatch) -> list[float]:
+    """measure()'s real server stood in for by one whose runs meet the budget at any rate; returns the rates it is
+    asked, as they come. A real run at a budget's rate of 10 req/s sends 200 requests and sleeps 20 s through their
+    arrivals (twice where it cannot tell whether the server keeps up), for figures the tests using this never read
+    (real runs: tests/validate/test_serve.py)."""
+    import qbench.validate.measure as measure_module
+    from qbench.results.serving import LoadStats
+
+    rates: list[float] = []
+
+    def server_for(*args, **kwargs):
+        def at(rate_rps, overhead_ms, budget_ms=math.inf, runs=1):
+            rates.append(rate_rps)
+            return LoadStats(rate_rps, 200, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, rate_rps)
+
+        return at
+
+    monkeypatch.setattr(measure_module, "server_for", server_for)
+    return rates
+
+
 def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prepared, monkeypatch):
     """With `slo:` the sweep's measurement also times batches served from idle (after the budget rate's mean arrival
     gap plus the queue delay, within [1, 50] ms: 100 + 2 ms at 10 req/s, so 50 ms) and the load simulation charges them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay
@@ -206,11 +227,14 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
         return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: 40.0 for bs in batch_sizes})
 
     monkeypatch.setattr(measure_module, "measure_batcher_samples", batcher_samples)
+    served_rates = _served_at_any_rate(monkeypatch)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
     assert calls == [((1, 8), 3, 50.0)]
+    # the real runs start at the simulated highest rate, confirmed by a second run
+    assert served_rates[:2] == [served.simulated_max_rate_rps] * 2 and served.max_rate_rps == served_rates[0]
     # the figures of the 800 requests that confirmed the pass (judge_rate): a few share a batch and wait less
     assert served.at_rate.requests == 800 and 41.5 <= served.at_rate.p50_ms < 43.0
 
@@ -232,6 +256,7 @@ def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepar
         return simulate(*args, **kwargs)
 
     monkeypatch.setattr(load_search, "search_max_rate", slow_simulation)
+    _served_at_any_rate(monkeypatch)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
