@@ -19,9 +19,9 @@ gate's own verdict on the chosen variant (measured on the evaluation rows) never
 A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not applicable: it never
 passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
 size), chosen by the INT8 search's rule (qbench.gate.resolution.passing): a pass the selection rows resolve
-before any that rests on too few of them, which is kept only when no try's pass is resolved, with a note (and
-under `gate.unresolved: fail` reported as not passing, as the gate would hold it: `search.outcome` "pass
-unresolved", the note saying how many rows would resolve it); when none passes, the most accurate one that
+before any that rests on too few of them or says nothing of a scope no gated metric judges, which is kept only
+when no try's pass is resolved, with a note (and under `gate.unresolved: fail` reported as not passing, as the gate
+would hold it: `search.outcome` "pass unresolved", the note saying why); when none passes, the most accurate one that
 quantizes something, with a note saying the tolerance was unreachable (the gate then fails it); when no try
 quantizes anything (the model has nothing to quantize), the first try, which is the FP32 model itself.
 
@@ -394,9 +394,10 @@ class _Search:
 
 
 def _outcome(chosen: Trial, unresolved: str) -> str:
-    """'passed', PASS_UNRESOLVED (a pass too few rows resolve, under `gate.unresolved: fail`, which the gate would not
-    count: the notes say how many rows would resolve it), 'tolerance unreachable' or 'nothing to quantize'."""
-    if chosen.resolved_pass or (chosen.passed and unresolved != "fail"):
+    """'passed', PASS_UNRESOLVED (a pass too few rows resolve, or beside a scope no gated metric judges, under
+    `gate.unresolved: fail`, which the gate would not count: the notes say why), 'tolerance unreachable' or 'nothing
+    to quantize'."""
+    if chosen.counted(unresolved):
         return "passed"
     if chosen.passed:
         return PASS_UNRESOLVED

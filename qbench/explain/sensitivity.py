@@ -274,7 +274,8 @@ def _auto_calibrated(
         if tried is not chosen:
             discard_built(tried.built, ctx.workdir, with_folder=True)
     why = (f"the smallest {gate.metric} drop of those whose pass the rows resolve" if chosen.resolved_pass else
-           f"the smallest {gate.metric} drop of those passing, none on enough rows to resolve the tolerance: "
+           f"the smallest {gate.metric} drop of those passing, none on enough rows to resolve the tolerance and "
+           "judged on every scope: "
            f"{chosen.unresolved}" if chosen.passed else f"the smallest {gate.metric} drop, none passing")
     tried = ", ".join(t.label() for t in tries)
     note = f"calibrator auto: explained with {chosen.spec.calibrator}, {why} ({tried})"

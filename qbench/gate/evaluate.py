@@ -85,8 +85,9 @@ class GateReport:
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
     notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
-    # (variant@backend, why) for each pass on a scope too small to resolve its tolerance (qbench.gate.resolution),
-    # whether or not the gate held it against the variant (`resolve`): `unresolved` is the whys
+    # (variant@backend, why) for each pass that is no evidence on some scope, too small to resolve its tolerance or
+    # one no gated metric judges (qbench.gate.resolution), whether or not the gate held it (`resolve`): the whys,
+    # `unresolved`, are what gate.unresolved holds
     unresolved_passes: tuple[tuple[str, str], ...] = ()
     # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
     # judged on the same rows may resolve its pass (qbench.gate.resolution.rows_alone)
@@ -117,7 +118,7 @@ class GateReport:
 
     @property
     def unresolved(self) -> tuple[str, ...]:
-        """Why each pass too few rows resolve is no evidence: what the INT8 search ranks its candidates' passes by."""
+        """Why each pass gate.unresolved holds is no evidence: what the INT8 search ranks its candidates' passes by."""
         return tuple(why for _, why in self.unresolved_passes)
 
     @property
@@ -200,13 +201,14 @@ def withheld(report: GateReport) -> GateReport:
 
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec, tolerances: GivenTolerances = None,
           distinct_inputs: Mapping[str, int] | None = None) -> GateReport:  # fmt: skip
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
-    resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
-    is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
-    the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
-    chosen on), rather than against `reference`'s figures (gate.metric's alone, or each gated metric's by name: another
-    is resolved against `reference`). `distinct_inputs`: of the rows judged on, as results record
-    them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate counts them."""
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for
+    gate.unresolved: a pass on too few rows, or beside a scope no gated metric judges, is still a pass here, its
+    reasons in the report's `unresolved` (the INT8 search ranks a resolved pass over an unresolved one), and
+    JudgedPass.counted says whether `qbench gate` counts it on the same figures. `tolerances`: resolved once for many
+    candidates (on the rows chosen on), rather than against `reference`'s figures (gate.metric's alone, or each gated
+    metric's by name: another is resolved against `reference`). `distinct_inputs`: of the rows judged on, as results
+    record them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate
+    counts them."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
@@ -279,14 +281,15 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         # a breach blocks the variant (exit 1): its passes that are no evidence (too few rows, undefined) are then notes
         breached = any(c.status == "breach" for c in own_checks)
         held = problems if spec.unresolved == "fail" and not breached else unresolved_notes
-        unjudged = unjudged_scopes(own_checks) if resolve else ""
-        if unjudged and not _same_graph(results, variant, backend):
-            held.append(f"{variant}@{backend}: {unjudged}")
-        if not unresolved_scopes or _same_graph(results, variant, backend):
+        if _same_graph(results, variant, backend):
             continue
-        small_passes += [(f"{variant}@{backend}", why) for why in unresolved_scopes]
+        # recorded held or not (`resolve`): `judge` gives the searches what the gate holds (JudgedPass.counted)
+        unjudged = unjudged_scopes(own_checks)
+        small_passes += [(f"{variant}@{backend}", why) for why in [unjudged, *unresolved_scopes] if why]
         on_spread |= spread
-        if resolve:
+        if resolve and unjudged:
+            held.append(f"{variant}@{backend}: {unjudged}")
+        if resolve and unresolved_scopes:
             held.append(f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}")
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)

@@ -93,9 +93,16 @@ class JudgedPass:
         for the rows alone (every candidate on those rows is). What stops a search looking further."""
         return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
 
+    def counted(self, setting: str) -> bool:
+        """Whether `qbench gate` passes it on the figures it was judged on, under `gate.unresolved: setting`: a
+        resolved pass, or under `note` any pass (one too few rows resolve, or beside a scope no gated metric judges:
+        `fail` holds those, exit 2). What a search's outcome says, so that it and the gate never disagree."""
+        return self.resolved_pass or (bool(self.passed) and setting != "fail")
+
     @property
     def mark(self) -> str:
-        """Its verdict in a path of tries: ✓ a resolved pass, ✓? one on too few rows to resolve it, ✗ no pass."""
+        """Its verdict in a path of tries: ✓ a resolved pass, ✓? one gate.unresolved holds (too few rows to resolve
+        it, or a scope no gated metric judges), ✗ no pass."""
         return "✗" if not self.passed else "✓?" if self.unresolved else "✓"
 
 
@@ -134,11 +141,13 @@ def passing(candidates: Sequence[JudgedPass]) -> list[int]:
 
 
 def unresolved_pick(label: str, why: str | None, setting: str) -> str:
-    """The note on a pick whose pass on the selection rows does not resolve the tolerance (`setting`: the recipe's
-    `gate.unresolved`; under `fail` such a pass is no pass, as the gate holds it)."""
+    """The note on a pick whose pass on the selection rows does not resolve the tolerance, or leaves a scope no gated
+    metric judges (`setting`: the recipe's `gate.unresolved`; under `fail` such a pass is no pass, as the gate holds
+    it)."""
     counted = "so it is reported as not passing" if setting == "fail" else "its pass counts, as the gate's would"
     return (f"{label} passed on the selection rows, but its pass rests on too few of them to resolve the tolerance, "
-            f"and no candidate's pass was resolved there (gate.unresolved: {setting}: {counted}): {why}")
+            "or says nothing of rows no gated metric can judge, and no candidate's pass was resolved there "
+            f"(gate.unresolved: {setting}: {counted}): {why}")
 
 
 def unjudged_scopes(checks: Sequence[GateCheck]) -> str:

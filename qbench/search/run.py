@@ -42,8 +42,7 @@ from qbench.backends import Backend
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
 from qbench.gate.evaluate import GateReport, judge, too_small
-from qbench.gate.report import failure_reasons
-from qbench.gate.resolution import unresolved_pick, unresolved_reasons
+from qbench.gate.resolution import unresolved_pick
 from qbench.gate.tolerance import Tolerances, reference_tolerances, tolerances_by_metric
 from qbench.preflight.prepare import Prepared
 from qbench.recipe.search import SearchSpec
@@ -57,15 +56,15 @@ from qbench.search.keep_float import KeepFloatStage
 from qbench.search.outcome import kept_pick, method_note
 from qbench.search.retime import retime_rounds
 from qbench.search.screen import (
+    VERDICT_CHARS,
     ScreenOutputs,
-    gate_excess,
+    evaluated_record,
     overall_drop,
     overall_metric,
     p50s,
     progress_line,
     screen_excess,
     screening_indices,
-    worst_slice,
 )
 from qbench.selection_rows import chosen_on
 from qbench.validate.clock import PhaseClock
@@ -76,7 +75,6 @@ from qbench.variants.onnx_utils import graph_digest
 from qbench.variants.smoothquant import REPORT_KEYS as SMOOTHING_KEYS
 
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
-VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 OUTPACED = "not evaluated: a candidate screened faster passed"  # dismissed on a passing candidate's speed-up
 
 logger = logging.getLogger(__name__)
@@ -251,18 +249,7 @@ class _Search(KeepFloatStage):
             self._failed_to_run(index, measured.result.error)
             return
         verdict = judge(self.fp32.result, measured.result, self.gate, self.gated_tolerances(), self.rows.distinct_inputs)
-        slice_name, slice_drop = worst_slice(verdict)
-        passed = verdict.exit_code == 0
-        unresolved = unresolved_reasons(passed, verdict)
-        if not passed:
-            said = one_line(f"fail: {'; '.join(failure_reasons(verdict))}", VERDICT_CHARS)
-        else:
-            said = one_line(f"pass, unresolved: {unresolved}", VERDICT_CHARS) if unresolved else "pass (resolved)"
-        self.records[index] = record.with_(
-            stage="evaluated", metric=overall_metric(measured.result, self.gate.metric), drop=overall_drop(verdict),
-            worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
-        )  # fmt: skip
+        self.records[index] = evaluated_record(record, verdict, measured.result)
         logger.info(progress_line(self.records[index], self.gate.metric))
 
     def _failed_to_run(self, index: int, error: str | None) -> None:
@@ -351,13 +338,9 @@ class _Search(KeepFloatStage):
             self.retime_finalists()
 
     def finish(self) -> SearchOutcome:
-        chosen = select.choose(self.records)
-        thin = chosen is not None and not self.records[chosen].resolved_pass
-        thin_pick = self.records[chosen] if chosen is not None and thin else None  # why its pass is weak evidence:
+        chosen, pick, thin = select.picked(self.records, self.gate.unresolved)
+        thin_pick = self.records[pick] if pick is not None and thin else None  # why its pass is weak evidence:
         notes = (unresolved_pick(thin_pick.label, thin_pick.unresolved, self.gate.unresolved),) if thin_pick else ()
-        pick = chosen if chosen is not None else select.closest(self.records)
-        if thin and self.gate.unresolved == "fail":  # as the gate: a pass on too few rows is no pass
-            chosen = None
         needed = notes[0] if notes and chosen is None else None
         if chosen is None and pick is not None and needed is None:
             needed = select.needed(self.records[pick], self.tolerances.max_drop,

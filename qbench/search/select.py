@@ -195,8 +195,19 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
+def picked(records: Sequence[CandidateRecord], unresolved: str, tie: float = TIE) -> tuple[int | None, int | None, bool]:
+    """(the candidate chosen, None where none passes as the gate would count it on the same figures under
+    `gate.unresolved: unresolved`; the one kept, the closest where none is chosen; whether its pass is unresolved: too
+    few rows, or a scope no gated metric judges, JudgedPass.counted)."""
+    chosen = choose(records, tie)
+    pick = chosen if chosen is not None else closest(records)
+    thin = chosen is not None and not records[chosen].resolved_pass
+    return (chosen if chosen is None or records[chosen].counted(unresolved) else None), pick, thin
+
+
 def outcome(chosen: int | None, pick: int | None, thin: bool) -> str:
-    """The report's outcome; 'unresolved': the pick passed, on too few selection rows for `gate.unresolved: fail`."""
+    """The report's outcome; 'unresolved': the pick passed, but the gate would not count that pass on the same
+    figures under `gate.unresolved: fail` (too few selection rows, or a scope no gated metric judges)."""
     if chosen is not None:
         return "passed"
     if pick is None:
