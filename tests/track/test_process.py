@@ -5,10 +5,12 @@ sweep's process dying, never loses a measurement or leaves a run RUNNING."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from user_model import make_fp16_project
 from qbench.cli.app import main
 from qbench.results.schema import read_results
 from qbench.sweep.runner import _Progress
+from qbench.track.process import TrackingProcess
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the tracking process via /proc")
@@ -113,6 +116,38 @@ def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_besi
     assert len(idle_starts) == 2 and served[-1][1] > idle_starts[1][2]  # FP32's and FP16's; FP16 served after
     fp16_served = next(window for window in served if window[1] > idle_starts[1][2])
     assert idle_starts[1][2] <= first_logged[1] and first_logged[2] <= fp16_served[1]
+
+
+def test_a_call_larger_than_a_pipe_holds_is_sent_while_the_tracking_process_still_imports_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opening of the runs carries the sweep's rows (220 KiB for the digits demo) and is sent while the tracking
+    process is still importing MLflow. A pipe holds 64 KiB: the send waited for that import to end, and so did the
+    sweep's builds. Here the import waits until the send has returned (a hang before: 60 s is only its guard)."""
+    released = tmp_path / "released"
+    in_tracking_process(tmp_path / "hook", monkeypatch, f"""
+        import os, sys, time
+        class _HeldImport:
+            def find_spec(self, name, path=None, target=None):
+                if name == "qbench.track.tracker":
+                    sys.meta_path.remove(self)
+                    while not os.path.exists({str(released)!r}):
+                        time.sleep(0.01)
+                return None
+        sys.meta_path.insert(0, _HeldImport())
+    """)
+    process = TrackingProcess(logging.INFO)
+    sent: list[int] = []
+    try:
+        sender = threading.Thread(target=lambda: sent.append(process.send("settle", bytes(4 << 20))), daemon=True)
+        sender.start()
+        sender.join(timeout=60)
+        assert sent, "the send waited for the tracking process to read it"
+        released.touch()
+        assert process.wait(sent[0]) is None and not process.busy and process.gone is None
+    finally:
+        released.touch()
+        process.close()
 
 
 def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
