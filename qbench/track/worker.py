@@ -182,10 +182,10 @@ def main(calls_fd: int, answers_fd: int, level: int) -> int:
     session = _Session(send)
     while True:
         message = calls.get()
-        if isinstance(message, EOFError):
-            session.gone()
+        if isinstance(message, (EOFError, OSError)):  # the pipe closed, between calls or inside one (the sweep's
+            session.gone()  # process died as it sent it): either way the sweep's process is gone
             return 0
-        if isinstance(message, Exception):  # the pipe itself failed (a message cut short): as from recv() before
+        if isinstance(message, Exception):
             raise message
         number, call, args, kwargs = ForkingPickler.loads(message)
         try:
@@ -197,7 +197,7 @@ def main(calls_fd: int, answers_fd: int, level: int) -> int:
 
 def _drain(calls: Connection, into: queue.SimpleQueue[bytes | Exception]) -> None:
     """Each call's bytes, read as they come, put `into` the queue; then the error that ended the reading (EOFError:
-    the sweep's process closed the pipe, or died)."""
+    the sweep's process closed the pipe, or died; OSError: it died inside a call's bytes)."""
     while True:
         try:
             into.put(calls.recv_bytes())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -148,6 +149,19 @@ def test_a_call_larger_than_a_pipe_holds_is_sent_while_the_tracking_process_stil
     finally:
         released.touch()
         process.close()
+
+
+def test_a_call_cut_short_by_the_sweeps_process_dying_ends_the_tracking_process_as_its_pipe_closing_does(
+    tmp_path: Path,
+) -> None:
+    """The sweep's process killed while it writes a call (the opening's 220 KiB, a variant's results) leaves the bytes
+    of part of it: the tracking process treats it as the pipe closing (ends the runs it has KILLED, exits 0). Before,
+    it died of the read's error (OSError, exit 1) and left its runs RUNNING."""
+    process = TrackingProcess(logging.INFO)
+    header = (1 << 20).to_bytes(4, "big")  # a call of 1 MiB (multiprocessing's length prefix), of which 10 bytes come
+    os.write(process._calls.fileno(), header + bytes(10))
+    process._calls.close()
+    assert process._process.wait(timeout=120) == 0
 
 
 def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
