@@ -21,10 +21,12 @@ from signalled import run_signalled
 from tracking_hooks import in_tracking_process, tracking_process_hook, tracking_processes, wait_until_gone
 from user_model import make_fp16_project
 
+import qbench.supervisor as supervisor
+import qbench.track.process as process_module
 from qbench.cli.app import main
 from qbench.results.schema import read_results
 from qbench.sweep.runner import _Progress
-from qbench.track.process import TrackingProcess
+from qbench.track.process import RemoteTracker, TrackingProcess
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the tracking process via /proc")
@@ -162,6 +164,23 @@ def test_a_call_cut_short_by_the_sweeps_process_dying_ends_the_tracking_process_
     os.write(process._calls.fileno(), header + bytes(10))
     process._calls.close()
     assert process._process.wait(timeout=120) == 0
+
+
+def test_the_supervised_commands_tracking_process_is_let_go_as_its_sweep_ends_and_waited_for_as_it_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The `qbench` command's process runs one sweep: its tracking process, kept idle for a next one, began its exit
+    (MLflow's exit handlers) only once the command had printed its summary and exited, which waited for it."""
+    parent = os.open(os.devnull, os.O_WRONLY)  # the channel to the supervising process (qbench.supervisor)
+    monkeypatch.setattr(supervisor, "_channel", parent)
+    try:
+        process = TrackingProcess(logging.INFO)
+        RemoteTracker(process).end()
+        assert process not in process_module._idle and process.gone == "was let go"
+        process_module._close_idle()  # as the command's process exits
+        assert process._process.returncode == 0
+    finally:
+        os.close(parent)
 
 
 def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
