@@ -5,7 +5,10 @@ gate's exit 2) or, for `qbench explain`, says which results it cannot rebuild fr
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qbench.errors import QbenchError, short_repr
 from qbench.provenance import (
@@ -19,6 +22,11 @@ from qbench.provenance import (
 )
 from qbench.recipe.spec import JUDGED_SECTIONS, RESULT_SECTIONS, Recipe, load_recipe
 from qbench.results.schema import SweepResults
+
+if TYPE_CHECKING:
+    from qbench.modelinfo.signature import ModelInfo
+
+logger = logging.getLogger(__name__)
 
 
 def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
@@ -148,3 +156,28 @@ def measured_export(results: SweepResults, recipe: Recipe) -> Path | None:
                 and result.model_sha256 and model_sha256(path) == result.model_sha256):  # fmt: skip
             return path
     return None
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """The ONNX file the sweep measured and its signature, read once per gate run for every check that needs it (the
+    batch sizes timed, the slices' input types): each read of a dynamic-batch model runs onnx's shape inference. `path`
+    is None where there is no file, `signature` None where there is no readable ONNX model."""
+
+    path: Path | None
+    signature: ModelInfo | None
+
+
+def read_measured_model(recipe: Recipe, export: Path | None = None) -> MeasuredModel:
+    """The ONNX model the sweep measured: a PyTorch source's `export` (`measured_export`) or an ONNX source's file, read
+    now (never from an earlier read of the same path: a file rewritten in place is read as it is)."""
+    from qbench.modelinfo.signature import read_model_info
+
+    path = export or recipe.model_path
+    if path is None or not path.is_file():
+        return MeasuredModel(None, None)
+    try:
+        return MeasuredModel(path, read_model_info(path))
+    except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
+        logger.info("the model's signature is not read: %s is not a readable ONNX model", path)
+        return MeasuredModel(path, None)
