@@ -12,7 +12,7 @@ import errno
 import re
 import reprlib
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 MAX_VALUE_CHARS = 60
@@ -115,6 +115,12 @@ def names_listed(names: Iterable[str]) -> str:
     """`names` sorted and joined by commas, each as it prints (plain_name), quoted where it holds a comma: a CSV
     header's ' Mean Radius ' listed plainly read as 'Mean Radius', and the did-you-mean beside it differed."""
     return ", ".join(repr(n) if "," in n else plain_name(n) for n in sorted(str(n) for n in names))
+
+
+def first_named(items: Sequence[str], most: int, separator: str = ", ") -> str:
+    """'a, b, c and 3 more': the first `most` of `items`, the rest counted, so a line stays a line."""
+    shown = separator.join(items[:most])
+    return f"{shown} and {len(items) - most} more" if len(items) > most else shown
 
 
 OUT_OF_MEMORY = "out of memory"  # environment_cause's word for a failed allocation

@@ -14,11 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import qbench
-from qbench.errors import QbenchError, short_repr
+from qbench.errors import QbenchError, first_named, short_repr
 from qbench.frontier.pareto import mixed_timing_machines, slower_than_reference_notes
-from qbench.gate.checks import (
-    unmatched_globs,
-)
+from qbench.gate.checks import unmatched_globs
 from qbench.gate.notes import (
     chosen_on_judged_rows,
     constant_reference,
@@ -29,6 +27,7 @@ from qbench.gate.notes import (
     reference_worse_than_the_mean,
     rounded_reference,
     tolerance_notes,
+    uncompared_outputs,
     ungated,
     unlowered,
 )
@@ -180,9 +179,7 @@ scope (its checks, and `unresolved`: every reason)."""
 
 def named_some(items: Sequence[str], separator: str = ", ") -> str:
     """'a, b, c, d, e and 3 more': at most NAMED_SCOPES of `items`, the rest counted, so a line stays a line."""
-    shown = separator.join(items[:NAMED_SCOPES])
-    rest = len(items) - NAMED_SCOPES
-    return f"{shown} and {rest} more" if rest > 0 else shown
+    return first_named(items, NAMED_SCOPES, separator)
 
 
 def problem_owner(gated: Sequence[str], problem: str) -> str | None:
@@ -320,7 +317,7 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         reference=results.reference, reference_backend=first,
         unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *dict.fromkeys(per_metric), *other_output_notes(results, spec, gated),
-               *other_output_kept_notes(results, spec, gated),
+               *other_output_kept_notes(results, spec, gated), *uncompared_outputs(results, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *constant_reference(results, gated),

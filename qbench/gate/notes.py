@@ -9,11 +9,19 @@ import contextlib
 import math
 from collections.abc import Sequence
 
-from qbench.errors import QbenchError
+from qbench.errors import QbenchError, first_named
 from qbench.gate.tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import AccuracyResult, SweepResults, VariantResult
-from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR, SHARED_COSINES
+from qbench.tasks.selection import NAMED_LEFT_OUT
+from qbench.validate.catalogue import (
+    DECISION_METRICS,
+    METRICS,
+    ONE_CLASS_OUTPUTS,
+    OUTPUT_SEPARATOR,
+    SHARED_COSINES,
+    UNCOMPARED_OUTPUTS,
+)
 from qbench.variants.base import lowered_nothing
 
 
@@ -202,7 +210,7 @@ def computed_after_note(
     measures that arithmetic in its precision: an IsolationForest's BF16 scores moved by 0.0026 and its precision at
     FP32's threshold by 0.0122, where the note said it computed in FP32 and its pass said nothing about BF16."""
     computed = ", ".join(f"{count} {op}" for op, count in after.items())
-    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    shown = first_named(readers, 3)
     also = (f"; its {reference.precision.upper()} node(s) {shown} also read values it rounds to {found.precision}"
             if readers else "")
     return (f"{found.key} keeps its {predictors} ONNX-ML predictor(s) in {reference.precision} (no contraction in the "
@@ -216,7 +224,7 @@ def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str
     across a tree's threshold): a BF16 pipeline's probabilities moved by up to 0.33 where the note said its pass
     said nothing about BF16, as if the variant were the FP32 model."""
     lowered = ", ".join(f"{count} {op}" for op, count in found.params.get("lowered_op_types", {}).items())
-    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    shown = first_named(readers, 3)
     return (f"{found.key} computes in {computed_in(reference)} ({why}), but its {reference.precision.upper()} node(s) "
             f"{shown} read values it rounds to {found.precision} ({lowered} lowered): its pass measures that rounding "
             f"of their inputs (a value moved across a threshold), not {found.precision} arithmetic")
@@ -231,6 +239,21 @@ def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, st
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]
+
+
+def uncompared_outputs(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """One note naming the model's outputs that no figure compares with FP32 (FP32's `outputs_not_compared`, which the
+    sweep records: qbench.tasks.selection.outputs_left_out): the verdict does not cover them, and a variant that breaks
+    one passes. Results and the report said so in FP32's notes, but a CI log showed the pass alone. Once for every
+    backend: each runs the same model's outputs."""
+    left = list(dict.fromkeys(name for reference in _references(results, pairs)
+                              for name in reference.params.get(UNCOMPARED_OUTPUTS, [])))  # fmt: skip
+    if not left:
+        return []
+    them = "them" if len(left) > 1 else "it"
+    return [f"output{'s' if len(left) > 1 else ''} {first_named([repr(name) for name in left], NAMED_LEFT_OUT)} not compared with "
+            f"FP32 (no figure reads {them}): this verdict does not cover {them}, a variant changing {them} passes; "
+            "list the outputs to judge in model.outputs"]
 
 
 def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

@@ -8,7 +8,7 @@ import pytest
 from qbench.errors import QbenchError
 from qbench.modelinfo.signature import ModelInfo, TensorMeta
 from qbench.tasks import get_task
-from qbench.tasks.selection import choose_outputs, outputs_not_compared
+from qbench.tasks.selection import choose_outputs, outputs_left_out, outputs_not_compared
 
 LABEL = TensorMeta("label", np.dtype("int64"), (None,))
 ZIPMAP = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (0, 1, 2))
@@ -308,12 +308,12 @@ def test_outputs_left_out_of_the_evaluation_are_named_with_the_ones_judged() -> 
     aux = TensorMeta("aux", np.dtype("float32"), (None, 1))
     model = _model(EMBEDDING, aux, COPY)
     chosen = choose_outputs(get_task("embedding"), model, ["embedding"])
-    note = outputs_not_compared(model, chosen)
+    note = outputs_not_compared(outputs_left_out(model, chosen), chosen)
     assert note is not None and note.startswith("output aux (float32, [None, 1]) not compared with FP32: every figure "
                                                 "and the gate judge 'embedding' alone")  # fmt: skip
     assert "ids_out" not in note
     both = choose_outputs(get_task("regression"), model, ["embedding", "aux"])
-    assert outputs_not_compared(model, both) is None
+    assert outputs_left_out(model, both) == []
 
 
 def test_many_outputs_left_out_are_counted_past_the_first_named() -> None:
@@ -322,7 +322,8 @@ def test_many_outputs_left_out_are_counted_past_the_first_named() -> None:
     logits = TensorMeta("logits", np.dtype("float32"), (None, 8, 50))
     cache = [TensorMeta(f"present.{i}", np.dtype("float32"), (None, 2, 8, 4)) for i in range(10)]
     model = _model(logits, *cache)
-    note = outputs_not_compared(model, choose_outputs(get_task("structured"), model, ["logits"]))
+    chosen = choose_outputs(get_task("structured"), model, ["logits"])
+    note = outputs_not_compared(outputs_left_out(model, chosen), chosen)
     assert note is not None and note.startswith("outputs present.0 (float32, [None, 2, 8, 4]), present.1 (float32, "
                                                 "[None, 2, 8, 4]), present.2 (float32, [None, 2, 8, 4]), present.3 "
                                                 "(float32, [None, 2, 8, 4]) and 6 more not compared with FP32")  # fmt: skip
@@ -346,8 +347,8 @@ def test_a_classifiers_label_beside_its_judged_scores_is_not_named_but_another_i
     model = read_model_info(path)
     chosen = choose_outputs(get_task("classification"), model, None)
     assert [c.name for c in chosen] == ["output_probability"]
-    assert outputs_not_compared(model, chosen) is None
+    assert outputs_left_out(model, chosen) == []
     counts = TensorMeta("counts", np.dtype("int64"), (None,))
     with_counts = ModelInfo(inputs=model.inputs, outputs={**model.outputs, "counts": counts}, opset=17)
-    note = outputs_not_compared(with_counts, chosen)
+    note = outputs_not_compared(outputs_left_out(with_counts, chosen), chosen)
     assert note is not None and note.startswith("output counts (int64, [None]) not compared") and "output_label" not in note
