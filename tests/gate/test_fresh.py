@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
+from swept_project import swept_project
 
 from qbench.cli.app import main
 from qbench.provenance import PROJECT_MODULE_INPUT
@@ -77,17 +77,8 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
         "output_dir": "runs",
     }  # fmt: skip
-    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    sys.path.insert(0, str(root))  # the project importable as it runs (installed, or on PYTHONPATH), as users have it
-    try:
-        try:
-            assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
-        finally:
-            sys.path.remove(str(root))  # the gates judge checkouts elsewhere
+    with swept_project(root, recipe, (PACKAGE, METRICS, HELPER, LAZY)):
         yield root
-    finally:
-        for name in [m for m in sys.modules if m.split(".")[0] in (PACKAGE, METRICS, HELPER, LAZY)]:
-            del sys.modules[name]
 
 
 @pytest.fixture
