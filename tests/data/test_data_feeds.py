@@ -156,22 +156,20 @@ def test_one_feature_column_for_an_input_of_several_features_says_how_to_feed_th
     np.testing.assert_array_equal(_feed(table, "features", _meta("X", (None, 13))), values.astype(np.float32))
 
 
-def test_unknown_column_suggests_the_closest() -> None:
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"pixel": "image"}, "recipe.yaml: data.inputs: column 'pixel' is not in the table; expected one of ink, label, "
+                             "pixels (did you mean 'pixels'?)"),
+        ({"pixels": "imgae"}, "recipe.yaml: data.inputs.pixels: 'imgae' is not an input of the model; expected one of "
+                              "image (did you mean 'image'?)"),
+    ],
+    ids=["an unknown column suggests the closest", "an unknown input name lists the model's inputs"],
+)  # fmt: skip
+def test_a_misspelt_column_or_input_is_named_with_the_closest(inputs: dict[str, str], message: str) -> None:
     with pytest.raises(RecipeError) as info:
-        build_feeds(_digits(), np.arange(2), {"pixel": "image"}, _meta("image", (None, 64)), recipe_file=RECIPE)
-    assert str(info.value) == (
-        "recipe.yaml: data.inputs: column 'pixel' is not in the table; expected one of ink, label, pixels "
-        "(did you mean 'pixels'?)"
-    )
-
-
-def test_unknown_input_name_lists_the_models_inputs() -> None:
-    with pytest.raises(RecipeError) as info:
-        build_feeds(_digits(), np.arange(2), {"pixels": "imgae"}, _meta("image", (None, 64)), recipe_file=RECIPE)
-    assert str(info.value) == (
-        "recipe.yaml: data.inputs.pixels: 'imgae' is not an input of the model; expected one of image "
-        "(did you mean 'image'?)"
-    )
+        build_feeds(_digits(), np.arange(2), inputs, _meta("image", (None, 64)), recipe_file=RECIPE)
+    assert str(info.value) == message
 
 
 def test_every_model_input_needs_exactly_one_column() -> None:

@@ -49,14 +49,7 @@ def fragile_model(path: Path, fragile: Sequence[str]) -> Path:
         nodes += [helper.make_node("Mul", ["r1", f"s_{branch}"], [f"o_{branch}"], name=f"scale_{branch}"),
                   helper.make_node("MatMul", [f"o_{branch}", f"w_{branch}"], [f"h_{branch}"], name=f"branch_{branch}")]  # fmt: skip
     nodes += [helper.make_node("Add", ["h_a", "h_b"], ["h2"], name="join"), helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]
-    graph = helper.make_graph(
-        nodes, "fragile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    return path
+    return _saved_graph(path, "fragile", nodes, weights)
 
 
 # the fragile project's 48 selection rows resolve no share-of-rows tolerance of its gate (0.03 needs 99 rows): a pass
@@ -95,6 +88,18 @@ def write_fragile_project(
     return path
 
 
+def _saved_graph(path: Path, name: str, nodes: list, weights: dict[str, np.ndarray]) -> Path:
+    """`nodes` from x [batch, WIDTH] to y [batch, 4] with `weights` as float32 initializers, saved at `path`."""
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
 def one_gemm_model(path: Path) -> Path:
     """x -> scale (channel 0 times OUTLIER) -> Gemm `fc` (its weights undo it) -> Relu -> Transpose -> MatMul
     `weight_first` (W @ x) -> Transpose -> y[4]: the same inputs and outputs as `fragile_model`.
@@ -110,14 +115,7 @@ def one_gemm_model(path: Path) -> Path:
              helper.make_node("Relu", ["h"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["rt"], name="t1", perm=[1, 0]),
              helper.make_node("MatMul", ["w_out", "rt"], ["yt"], name="weight_first"),
              helper.make_node("Transpose", ["yt"], ["y"], name="t2", perm=[1, 0])]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "one_gemm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    return path
+    return _saved_graph(path, "one_gemm", nodes, weights)
 
 
 INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax", "op_types": ["MatMul"]}
