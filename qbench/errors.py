@@ -58,7 +58,8 @@ class MissingExtraError(QbenchError):
         failed = sys.exc_info()[1]
         if isinstance(failed, ImportError) and not isinstance(failed, ModuleNotFoundError):
             super().__init__(f"{what} is installed but could not be loaded ({one_line(failed)}); if it is a broken "
-                             f"install, reinstall it with `pip install --force-reinstall 'qbench[{extra}]'`")  # fmt: skip
+                             "install, reinstall it with "
+                             f"`pip install --force-reinstall 'qbench[{extra}]'`")  # fmt: skip
             self.extra = extra
             return
         message = f"{what} is not installed: install it with `pip install 'qbench[{extra}]'`"

@@ -39,7 +39,9 @@ def _built_specs(recipe: Recipe) -> dict[str, VariantSpec]:
     return {v.name: v for v in recipe.planned_variants()}
 
 
-def unmatched_globs(field: str, patterns: Sequence[str], reference: str, candidates: Sequence[str]) -> list[tuple[str, str]]:
+def unmatched_globs(
+    field: str, patterns: Sequence[str], reference: str, candidates: Sequence[str]
+) -> list[tuple[str, str]]:
     """(`field[i]`, why) for every glob of a variant list (gate.applies_to, slo.applies_to) that picks no variant
     besides the reference: almost always a typo, and the variant it meant would go unjudged while the gate passes."""
     if not patterns:
@@ -329,7 +331,8 @@ def _accuracy_problems(
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
             problems.append(f"slice {scope.name!r}: size {scope.size}, the data gives it {wanted[scope.name]} rows")
         if ref_scopes is not None and scope.name in ref_scopes and ref_scopes[scope.name].size != scope.size:
-            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_scopes[scope.name].size} (same rows)")
+            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_scopes[scope.name].size} "
+                            "(same rows)")  # fmt: skip
     return problems
 
 
@@ -354,7 +357,8 @@ def _scope_problems(scope: SliceMetrics, rows: int, metrics: Sequence[str], min_
         why = impossible_value(info, each, count, unit) if numeric and info is not None and not info.custom else None
         if why is not None:
             problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
-    problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure {scope.metrics.get(name)!r}"
+    problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure "
+                    f"{scope.metrics.get(name)!r}"
                     for name, why in scope.raised.items() if not _nan(scope.metrics.get(name)))  # fmt: skip
     for metric in metrics:
         value = scope.metrics.get(metric)
@@ -412,7 +416,8 @@ def _drop_problems(scope: SliceMetrics, fp32: SliceMetrics | None) -> list[str]:
             problems.append(f"{where}: no drop of {name!r} is recorded beside both figures")
         elif not _same_drop(recorded, expected, own, reference):
             problems.append(f"{where}: drop of {name!r} recorded as {recorded!r}, but FP32's figure {reference!r} and "
-                            f"this one {own!r} make it {expected!r} (one of them was changed after the sweep)")  # fmt: skip
+                            f"this one {own!r} make it {expected!r} (one of them was changed after the "
+                            "sweep)")  # fmt: skip
     return problems
 
 
@@ -456,7 +461,8 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
     problems = []
     if results.evaluation_rows != len(evaluated.rows):
         problems.append(f"evaluation_rows: got {results.evaluation_rows}, the data gives {len(evaluated.rows)} rows")
-    recorded = results.dropped_nonfinite.get("evaluation", {}) if isinstance(results.dropped_nonfinite, Mapping) else None
+    dropped = results.dropped_nonfinite
+    recorded = dropped.get("evaluation", {}) if isinstance(dropped, Mapping) else None
     if recorded != evaluated.dropped:
         problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
                         "(rows left out for NaN/inf inputs)")  # fmt: skip
@@ -465,8 +471,9 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
                         "(scopes whose rows repeat inputs): results from a qbench that counted copies of an input as "
                         "evidence, or edited; re-run `qbench sweep`")  # fmt: skip
     elif results.distinct_inputs != evaluated.distinct_inputs:
-        problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives {evaluated.distinct_inputs!r} "
-                        "(distinct inputs of the scopes whose rows repeat some)")  # fmt: skip
+        problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives "
+                        f"{evaluated.distinct_inputs!r} (distinct inputs of the scopes whose rows repeat "
+                        "some)")  # fmt: skip
     from qbench.data.nonfinite import drop_nonfinite  # the data was read: pandas is loaded already
 
     fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}

@@ -39,7 +39,8 @@ def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
                 f"{current.source}, and its section(s) {', '.join(map(repr, changed))} differ: recipe files sharing a "
                 f"name and output_dir write their runs to one folder; give each its own name, or re-run `qbench sweep "
                 f"{current.source}`"]  # fmt: skip
-    return [f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`" for section in changed]
+    return [f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"
+            for section in changed]
 
 
 def another_recipe_file(current: Recipe, recorded: Recipe) -> bool:
@@ -63,12 +64,14 @@ def edited_recipe_file(recorded: Recipe, results_file: Path) -> list[str]:
     try:
         current = load_recipe(path)
     except QbenchError as exc:
-        return [f"judged by the recipe these results embed; the recipe file they were swept from no longer loads: {exc}"]
+        return [f"judged by the recipe these results embed; the recipe file they were swept from no longer loads: "
+                f"{exc}"]
     changed = _changed_sections(current, recorded, (*RESULT_SECTIONS, *JUDGED_SECTIONS))
     if not changed:
         return []
     return [f"judged by the recipe these results embed, but the recipe file {path} they were swept from now differs in "
-            f"section(s) {', '.join(map(repr, changed))}: `qbench gate {path} --results {results_file}` judges by the file's"]
+            f"section(s) {', '.join(map(repr, changed))}: `qbench gate {path} --results {results_file}` judges by the "
+            "file's"]
 
 
 def _changed_sections(current: Recipe, recorded: Recipe, sections: tuple[str, ...] = RESULT_SECTIONS) -> list[str]:
@@ -139,7 +142,8 @@ def changed_models(results: SweepResults) -> list[str]:
         checked.add(path)
         if Path(path).is_file() and model_sha256(Path(path)) != result.model_sha256:
             problems.append(f"{result.key}: the model file {path} is not the model measured (its sha256 differs "
-                            "from the recorded model_sha256: replaced or edited after the sweep); re-run `qbench sweep`")
+                            "from the recorded model_sha256: replaced or edited after the sweep); re-run "
+                            "`qbench sweep`")
     return problems
 
 

@@ -1,7 +1,7 @@
 """What the gate says beside its checks, as notes a passing verdict carries: tolerances that are shares of FP32's
-figure, an FP32 reference giving NaN/inf on some rows, a variant chosen or calibrated on the rows that judge it, a reference whose
-weights are stored rounded, and a variant that computes as the reference does (its pass says nothing about its
-precision)."""
+figure, an FP32 reference giving NaN/inf on some rows, a variant chosen or calibrated on the rows that judge it, a
+reference whose weights are stored rounded, a variant that computes as the reference does (its pass says nothing about
+its precision), and model outputs no figure compares."""
 
 from __future__ import annotations
 
@@ -71,8 +71,9 @@ def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]])
     notes = []
     for reference in _references(results, pairs):
         if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
-            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are only checked not to add "
-                         "NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
+            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are "
+                         "only checked not to add NaN/inf, and every variant's metrics count them as "
+                         "misses")  # fmt: skip
     return notes
 
 
@@ -125,20 +126,23 @@ def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]
     """A note per gated variant that a search chose among candidates on the evaluation rows themselves (no selection
     rows: qbench.selection_rows), or on selection rows some of which feed the model what evaluation rows feed it
     (kept apart by position, copied by content): the best of several tries on those inputs, its figures flatter it."""
-    chosen = [f"{v}@{b}" for v, b in pairs
-              if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
+
+    def chosen_on(rows: str) -> list[str]:
+        return [f"{v}@{b}" for v, b in pairs
+                if (found := results.find(v, b)) is not None
+                and found.params.get("search.chosen_on") == rows]  # fmt: skip
+
     notes = [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
              "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to "
              "choose on)"
-             for key in chosen]  # fmt: skip
+             for key in chosen_on("evaluation")]  # fmt: skip
     record = results.calibration
     shared = record.selection_overlap_rows if record is not None else None
     if shared:
-        notes += [f"{v}@{b} was chosen among candidates on {record.selection_rows} selection rows of which {shared} feed "
-                  "the model what evaluation rows feed it (the same inputs in both files, or twice in the table): the "
-                  "choice saw inputs that judge it, its pass may be optimistic"
-                  for v, b in pairs
-                  if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "selection"]
+        notes += [f"{key} was chosen among candidates on {record.selection_rows} selection rows of which {shared} "
+                  "feed the model what evaluation rows feed it (the same inputs in both files, or twice in the "
+                  "table): the choice saw inputs that judge it, its pass may be optimistic"
+                  for key in chosen_on("selection")]  # fmt: skip
     return notes
 
 
@@ -187,12 +191,14 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
         if same or kept:
             why = (f"nothing in the graph was lowered to {found.precision}" if same
                    else f"none of its {contractions} contractions (MatMul, Conv...) was lowered" if contractions
-                   else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay FP32")  # fmt: skip
+                   else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay "
+                   "FP32")  # fmt: skip
             readers = [] if same else found.params.get("fp32_nodes_reading_lowered", [])
             after = {} if same or contractions else found.params.get("lowered_after_predictors", {})
             notes.append(computed_after_note(found, reference, predictors, after, readers) if after
-                         else f"{variant}@{backend} computes in {computed_in(reference)} ({why}): its pass says nothing "
-                         f"about {found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
+                         else rounded_inputs_note(found, reference, why, readers) if readers
+                         else f"{variant}@{backend} computes in {computed_in(reference)} ({why}): its pass says "
+                         f"nothing about {found.precision}")  # fmt: skip
     return notes
 
 
@@ -235,7 +241,8 @@ def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, st
     says nothing of them, and an INT8 build named outside the globs (`quant-a` beside `int8-*`) is otherwise missed."""
     judged = set(gated)
     left = [f"{v.key} ({v.precision})" for v in results.variants
-            if v.variant != results.reference and v.status == "ok" and (v.variant, v.backend) not in judged]  # fmt: skip
+            if v.variant != results.reference and v.status == "ok"
+            and (v.variant, v.backend) not in judged]  # fmt: skip
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]
@@ -251,9 +258,10 @@ def uncompared_outputs(results: SweepResults, pairs: Sequence[tuple[str, str]]) 
     if not left:
         return []
     them = "them" if len(left) > 1 else "it"
-    return [f"output{'s' if len(left) > 1 else ''} {first_named([repr(name) for name in left], NAMED_LEFT_OUT)} not compared with "
-            f"FP32 (no figure reads {them}): this verdict does not cover {them}, a variant changing {them} passes; "
-            "list the outputs to judge in model.outputs"]
+    named = first_named([repr(name) for name in left], NAMED_LEFT_OUT)
+    return [f"output{'s' if len(left) > 1 else ''} {named} not compared with FP32 (no figure reads {them}): this "
+            f"verdict does not cover {them}, a variant changing {them} passes; list the outputs to judge in "
+            "model.outputs"]  # fmt: skip
 
 
 def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

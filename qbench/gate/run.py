@@ -62,9 +62,11 @@ def latest_results(recipe: Recipe) -> Path:
     if run is None:
         blocking = next((path for path in (root, *root.parents) if path.exists()), root)
         if not blocking.is_dir():  # no sweep could write there: running one first would not help
-            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; expected the "
-                                                           "folder the sweep writes its run folders in")  # fmt: skip
-        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
+            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; "
+                                                           "expected the folder the sweep writes its run folders "
+                                                           "in")  # fmt: skip
+        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` "
+                          "first")  # fmt: skip
     if not run.complete:
         what = ("wait for it to finish" if run.state == "running" else
                 f"finish it with `qbench sweep {recipe.source} --resume` (or re-run without --resume)")  # fmt: skip
@@ -154,7 +156,9 @@ def located(results: SweepResults, results_file: Path) -> SweepResults:
     return replace(results, variants=variants)
 
 
-def gate_changed_since_the_sweep(report: GateReport, results: SweepResults, asked: Recipe, recorded: Recipe) -> list[str]:
+def gate_changed_since_the_sweep(
+    report: GateReport, results: SweepResults, asked: Recipe, recorded: Recipe
+) -> list[str]:
     """A note where the recipe's gate or slo is not the one the results were swept with: the gate judges by the
     recipe's (a tolerance tightened since is applied), and the note names each field changed and every variant the
     sweep's own gate and slo (on the same prices) block that this one passes or no longer judges. Before, a tolerance

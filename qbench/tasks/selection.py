@@ -80,18 +80,20 @@ def _together(task: Task, model: ModelInfo, wanted: Sequence[str] | None, names:
         wanted = task.pick_outputs([meta for meta in model.outputs.values() if _problem(task, model, meta) is None])
         if wanted is None:
             raise QbenchError(f"task {task.name!r} reads the {roles} outputs together and cannot tell them apart by "
-                              f"name; list them in model.outputs, in that order. Outputs: {_listing(model)}")  # fmt: skip
+                              "name; list them in model.outputs, in that order. "
+                              f"Outputs: {_listing(model)}")  # fmt: skip
         log.info("evaluating outputs %s as the %s (task %s; model.outputs not set)",
                  ", ".join(map(repr, wanted)), roles, task.name)  # fmt: skip
     if len(wanted) != len(task.together):
-        raise QbenchError(f"task {task.name!r} reads {len(task.together)} outputs together (the {roles}, in that order); "
-                          f"got {len(wanted)}: {', '.join(map(repr, wanted))}")  # fmt: skip
+        raise QbenchError(f"task {task.name!r} reads {len(task.together)} outputs together (the {roles}, in that "
+                          f"order); got {len(wanted)}: {', '.join(map(repr, wanted))}")  # fmt: skip
     return [_named(task, model, name, names) for name in wanted]
 
 
 def _warn_off_label(task: Task, meta: TensorMeta) -> None:
     if meta.lowest_wins and task.decides_by_argmax:
-        log.info("output %r: %s; each row's class is its lowest score, as the graph's label is", meta.name, meta.off_label)
+        log.info("output %r: %s; each row's class is its lowest score, as the graph's label is",
+                 meta.name, meta.off_label)  # fmt: skip
     elif meta.off_label:
         log.warning("output %r: %s; figures read from its highest score may not be the model's own label",
                     meta.name, meta.off_label)  # fmt: skip

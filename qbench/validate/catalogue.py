@@ -69,7 +69,8 @@ def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "ro
 
 OUTPUT_SEPARATOR = "/"
 """Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
-ONE_CLASS_OUTPUTS = "one_class_outputs"  # FP32's param: outputs it puts in one class on every row (accuracy.one_class_readings)
+# FP32's param: outputs it puts in one class on every row (accuracy.one_class_readings)
+ONE_CLASS_OUTPUTS = "one_class_outputs"
 UNCOMPARED_OUTPUTS = "outputs_not_compared"  # FP32's param: model outputs no figure reads (selection.outputs_left_out)
 # FP32's param: output -> the cosine its vectors share across the evaluation rows (kept.shared_cosine), for a task
 # scoring cosines (accuracy.shared_cosines)

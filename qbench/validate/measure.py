@@ -94,8 +94,9 @@ class Rows:
 
     @classmethod
     def evaluation(cls, prepared: Prepared) -> Rows:
-        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size,
-                   prepared.evaluation_digests, prepared.evaluation_sequence_ids)  # fmt: skip
+        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices,
+                   prepared.recipe.data.evaluation.batch_size, prepared.evaluation_digests,
+                   prepared.evaluation_sequence_ids)  # fmt: skip
 
     @classmethod
     def selection(cls, prepared: Prepared) -> Rows | None:
@@ -103,8 +104,8 @@ class Rows:
         chosen = prepared.selection
         if chosen is None:
             return None
-        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests,
-                   chosen.sequence_ids)  # fmt: skip
+        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size,
+                   chosen.digests, chosen.sequence_ids)  # fmt: skip
 
     @classmethod
     def judged_on(cls, prepared: Prepared) -> Rows:
@@ -437,8 +438,8 @@ def _run_rows(
         if why is None:
             return outputs, None
         outputs = run(rows.feeds, size) if known is not None else outputs  # the known rows ran in other batches
-        logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s", description, why,
-                    ", ".join(a.describe() for a in mix))  # fmt: skip
+        logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s",
+                   description, why, ", ".join(a.describe() for a in mix))  # fmt: skip
         return outputs, (why, run_arrangements(lambda feeds, size: run(feeds, size, f"{description} ({size} a batch)"),
                                                rows.feeds, mix))  # fmt: skip
     finally:

@@ -91,7 +91,8 @@ def checkout(swept: Path, tmp_path: Path) -> Path:
 
 def test_the_results_record_every_module_of_the_project_the_recipes_code_imported(swept: Path) -> None:
     results = read_results(next((swept / "runs" / "fresh-gate").glob("*/results.json")))
-    modules = {name.removeprefix(PROJECT_MODULE_INPUT) for name in results.inputs if name.startswith(PROJECT_MODULE_INPUT)}
+    modules = {name.removeprefix(PROJECT_MODULE_INPUT) for name in results.inputs
+               if name.startswith(PROJECT_MODULE_INPUT)}  # fmt: skip
     assert modules == {PACKAGE, f"{PACKAGE}.layers", HELPER, LAZY}  # the factory's and the metric's are inputs already
 
 

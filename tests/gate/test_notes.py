@@ -113,10 +113,12 @@ def _pooled_encoder(common: float) -> bytes:
     weights = {"w1": rng.normal(size=(8, 32)) / np.sqrt(8), "w2": rng.normal(size=(32, 16)) / np.sqrt(32),
                "common": np.full((1, 16), common)}  # fmt: skip
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["s"]), helper.make_node("Add", ["s", "common"], ["y"])]  # fmt: skip
+             helper.make_node("MatMul", ["r", "w2"], ["s"]),
+             helper.make_node("Add", ["s", "common"], ["y"])]  # fmt: skip
     graph = helper.make_graph(nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 16])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 

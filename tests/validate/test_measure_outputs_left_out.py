@@ -70,7 +70,8 @@ def test_an_output_the_recipe_does_not_evaluate_is_named_in_fp32s_notes_the_repo
     left_out = [note for note in notes if "not compared with FP32" in note]
     assert left_out == ["output aux (float32, [None, 1]) not compared with FP32: every figure and the gate judge "
                         "'logits' alone, so a variant changing it passes unremarked; expected the outputs to judge "
-                        "listed in model.outputs (task structured with a metric of your own reads any of them)"]  # fmt: skip
+                        "listed in model.outputs (task structured with a metric of your own reads any of "
+                        "them)"]  # fmt: skip
     assert left_out[0] in report
 
 
