@@ -1,5 +1,6 @@
 """A user's Python project swept once for the gate tests: its folder importable while `qbench sweep` runs (installed,
-or on PYTHONPATH, as users have it), its modules forgotten after so that the next project's import finds its own."""
+or on PYTHONPATH, as users have it), its modules forgotten after so that the next project's import finds its own;
+and the brief FP16 recipe those tests sweep."""
 
 from __future__ import annotations
 
@@ -11,6 +12,15 @@ from pathlib import Path
 import yaml
 
 from qbench.cli.app import main
+
+
+def fp16_recipe(name: str, model: dict, data: dict, *, gate_metric: str = "agreement", **sections: object) -> dict:
+    """A recipe of `model` on `data` building FP16 alone, timed briefly on ONNX Runtime's CPU backend, gated on
+    `gate_metric` (max_drop 0.05, a pass on too few rows noted), its runs under runs/; `sections` added as given."""
+    return {"name": name, "model": model, "data": data, **sections,
+            "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
+            "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
+            "gate": {"metric": gate_metric, "max_drop": 0.05, "unresolved": "note"}, "output_dir": "runs"}  # fmt: skip
 
 
 @contextlib.contextmanager

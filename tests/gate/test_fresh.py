@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from swept_project import swept_project
+from swept_project import fp16_recipe, swept_project
 
 from qbench.cli.app import main
 from qbench.provenance import PROJECT_MODULE_INPUT
@@ -65,18 +65,13 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with torch.no_grad():
         labels = model(torch.from_numpy(features)).argmax(dim=1).numpy()
     pd.DataFrame({"x": list(features), "label": labels.astype(np.int64)}).to_parquet(root / "data.parquet")
-    recipe = {
-        "name": "fresh-gate",
-        "model": {"torch": f"{PACKAGE}.factory:build", "weights": "weights.pt",
-                  "example_inputs": {"features": [1, 8]}, "output_names": ["scores"]},
-        "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "label"},
-        "metrics": [{"name": "decided", "function": f"{METRICS}:decided", "higher_is_better": True}],
-        "variants": [{"name": "fp16", "precision": "fp16"}],
-        "backends": ["onnxruntime-cpu"],
-        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
-        "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
-        "output_dir": "runs",
-    }  # fmt: skip
+    recipe = fp16_recipe(
+        "fresh-gate",
+        {"torch": f"{PACKAGE}.factory:build", "weights": "weights.pt", "example_inputs": {"features": [1, 8]},
+         "output_names": ["scores"]},
+        {"path": "data.parquet", "inputs": {"x": "features"}, "label": "label"},
+        metrics=[{"name": "decided", "function": f"{METRICS}:decided", "higher_is_better": True}],
+    )  # fmt: skip
     with swept_project(root, recipe, (PACKAGE, METRICS, HELPER, LAZY)):
         yield root
 
