@@ -135,8 +135,9 @@ class Regression(Task):
         MetricInfo("max_error", False, "largest absolute error vs labels (vs FP32 without labels)", low=0.0,
                    data_units=True),
         share_of_rows("agreement", True, "fraction of rows within 1% of each target's FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
-    )
+        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0,
+                   data_units=True),
+    )  # fmt: skip
     default_gate_metric = "mae"
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:
