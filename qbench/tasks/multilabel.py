@@ -28,7 +28,7 @@ from qbench.tasks.base import (
 )
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics, metrics_targets
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -84,8 +84,7 @@ class Multilabel(Task):
                    counts_nonfinite_rows=True),
         share_of_rows("row_agreement", True, "fraction of rows whose every label decision equals FP32's",
                       row_mean=True),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0,
-                   data_units=True),
+        MAX_ABS_ERROR,
     )  # fmt: skip
     default_gate_metric = "micro_f1"
 

@@ -31,7 +31,7 @@ from qbench.tasks.base import (
 )
 from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 from qbench.validate import metrics
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, share_of_rows
 
 
 def _cell(value: Any) -> np.ndarray | None:
@@ -77,8 +77,7 @@ class Structured(Task):
     labels_may_be_fed = True  # an autoencoder's target is its input
     metric_infos = (
         share_of_rows("agreement", True, "fraction of rows whose every value is within 1% of its FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0,
-                   data_units=True),
+        MAX_ABS_ERROR,
     )  # fmt: skip
     default_gate_metric = None  # the recipe's first custom metric (qbench.recipe)
 

@@ -55,6 +55,11 @@ def share_of_rows(name: str, higher_is_better: bool, description: str, decisions
                       counts_nonfinite_rows=True, decisions=decisions, row_mean=row_mean)
 
 
+MAX_ABS_ERROR = MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0,
+                           data_units=True)  # fmt: skip
+"""Every built-in task's figure of how far a variant's outputs move from FP32's at most, in the data's units."""
+
+
 def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:
     """Why `value` cannot be `info`'s on a scope of `count` rows (or of `count` other units its rate is a share of,
     such as scored tokens), or None (NaN/inf are judged elsewhere)."""
