@@ -125,7 +125,8 @@ def test_a_signal_passed_on_to_the_sweep_leaves_no_record_of_a_death(tmp_path):
 def test_a_finished_sweep_leaves_no_record_of_a_death(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    parent = _supervised(tmp_path, "import sys\nfrom qbench.supervisor import announce_exit, announce_run, start_child\n"
+    parent = _supervised(tmp_path,
+                         "import sys\nfrom qbench.supervisor import announce_exit, announce_run, start_child\n"
                                    f"start_child()\nannounce_run({str(run)!r})\nannounce_exit(2)\nsys.exit(2)\n")  # fmt: skip
     parent.communicate(timeout=60)
     assert parent.returncode == 2 and not (run / DIED_FILE).exists()

@@ -150,7 +150,8 @@ def record_measure(
         "evidence": list(RECORDED),
     }
     if outputs is not None:
-        replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
+        replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz",
+                           lambda temporary: np.savez(temporary, **outputs),
                            what="the reference outputs", suffix=".npz")  # fmt: skip
         content["outputs"] = f"{name}.outputs.npz"
         content["outputs_sha256"] = file_sha256(run_dir / JOBS_FOLDER / f"{name}.outputs.npz")

@@ -297,7 +297,8 @@ class Scheduler:
         from signals): a signal before `_finish` then leaves it for `--resume`, which reuses it as it reuses any
         record (the same plan, the same build's model digest, read back whole)."""
         self._ran(job_id, output)
-        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs, output.environment,
+        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs,
+                             output.environment,
                              output.measured_with)  # fmt: skip
         self.state.recorded.add(job_id)
 
@@ -405,7 +406,8 @@ class Scheduler:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                 elif decision.reused:  # the variant's own failure: built again, it would fail again
                     assert record is not None
-                    self._built(job, BuildOutput(job.variant, None, record.error or record.died, where="an earlier run"))
+                    self._built(job,
+                                BuildOutput(job.variant, None, record.error or record.died, where="an earlier run"))
                 reused += decision.reused
                 continue
             built = self.state.built.get(job.variant)

@@ -379,7 +379,8 @@ def run_explain(
     directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)
     result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes,
                              workdir=directory, track=track)  # fmt: skip
-    write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False), what="explain.json")
+    write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False),
+                     what="explain.json")  # fmt: skip
     plot_costs(result, directory / "explain.png", top)
     table = Console(file=io.StringIO(), width=200)
     print_wide(explain_table(result, top), table)

@@ -27,6 +27,7 @@ from qbench.gate.notes import (
     reference_worse_than_the_mean,
     rounded_reference,
     tolerance_notes,
+    uncompared_outputs,
     ungated,
     unlowered,
 )
@@ -256,7 +257,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
     # a glob that picks no variant (a typo) would leave the variant it meant unjudged: fail closed
     names = list(dict.fromkeys(v for v, _ in pairs if v != results.reference))
-    globs = [("gate.applies_to", spec.applies_to)] + ([("slo.applies_to", slo.applies_to)] if slo and slo.applies_to is not None else [])
+    slo_globs = [("slo.applies_to", slo.applies_to)] if slo is not None and slo.applies_to is not None else []
+    globs = [("gate.applies_to", spec.applies_to), *slo_globs]
     problems += [f"{field}: {why}" for name, patterns in globs
                  for field, why in unmatched_globs(name, patterns, results.reference, names)]  # fmt: skip
     if not gated:
@@ -304,13 +306,12 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                   *cosine_without_room(results, one, gated))]
     return withheld(GateReport(
         metric=spec.metric, metrics=spec.gated_metrics if len(specs) > 1 else (),
-        checks=tuple(checks),
-        problems=tuple(problems),
+        checks=tuple(checks), problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in [*later_fp32, *gated]),
         reference=results.reference, reference_backend=first,
         unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *dict.fromkeys(per_metric), *other_output_notes(results, spec, gated),
-               *other_output_kept_notes(results, spec, gated),
+               *other_output_kept_notes(results, spec, gated), *uncompared_outputs(results, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *constant_reference(results, gated),
@@ -378,7 +379,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
     judged_scopes = sum(not too_small(own_scope, spec) for _, own_scope, _ in scopes)
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
-        extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
+        extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs,
+                              own_scope.new_nonfinite_outputs)
         if extra_nonfinite > 0:
             checks.append(
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
@@ -417,9 +419,10 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
-            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf without "
-                            "NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a MAPE "
-                            "over zero labels): nothing can be judged; gate on a metric defined there")  # fmt: skip
+            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf "
+                            "without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, "
+                            "such as a MAPE over zero labels): nothing can be judged; gate on a metric defined "
+                            "there")  # fmt: skip
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")

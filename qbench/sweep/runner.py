@@ -296,7 +296,8 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     (relative ones of a figure that is 0: the gate will exit 2, so say it now, not after every variant is measured).
     FP32 scoring below chance against the labels (labels misread, most likely) is said as it is measured."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
-        logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
+        logger.warning("%s: variants are only checked not to add NaN/inf there",
+                       nonfinite_reference_rows(reference.key, reference.accuracy))  # fmt: skip
     for gated in prepared.recipe.gate.per_metric() if reference.status == "ok" else []:  # each of gate.metrics
         try:
             reference_tolerances(reference, gated)

@@ -241,7 +241,8 @@ def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
     onnx.checker.check_model(model)
     layers = float_weighted_layers(model)
     assert layers == {"Gemm (inside If/Loop/Scan)": 1, "MatMul (inside If/Loop/Scan)": 1}
-    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")], layers)
+    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")],
+                           layers)  # fmt: skip
     assert "its weights are in 1 Gemm (inside If/Loop/Scan), 1 MatMul (inside If/Loop/Scan)" in said
     assert "tree ensemble" not in said and "decoder_with_past_model.onnx" in said
 
@@ -260,7 +261,8 @@ def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a
     # a wider tie (the noise the search measured): the clear one goes before the much faster risky one too
     assert select.evaluation_order(records, tie=0.25) == [1, 2, 3, 0]
     # all near the gate at a similar speed: fastest first, then the smaller excess
-    near = [_record("a", speedup=2.0, screen=1.2), _record("b", speedup=2.0, screen=1.1), _record("c", speedup=2.05, screen=1.4)]
+    near = [_record("a", speedup=2.0, screen=1.2), _record("b", speedup=2.0, screen=1.1),
+            _record("c", speedup=2.05, screen=1.4)]  # fmt: skip
     assert select.evaluation_order(near) == [2, 1, 0]
 
 

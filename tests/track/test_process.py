@@ -276,7 +276,8 @@ def test_the_runs_of_a_sweep_whose_process_is_killed_are_ended_killed(tmp_path: 
     raw["variants"].append({"name": "int8", "precision": "int8", "calibrator": "minmax"})
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "400"}
-    done = run_signalled("qbench.sweep.runner:_Progress.finished", signal.SIGKILL, "sweep", str(recipe), env=env, cwd=tmp_path)
+    done = run_signalled("qbench.sweep.runner:_Progress.finished", signal.SIGKILL, "sweep", str(recipe), env=env,
+                         cwd=tmp_path)  # fmt: skip
     assert done.returncode == -signal.SIGKILL
     wait_until_gone(tmp_path)
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()

@@ -85,7 +85,8 @@ def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
     machine = fp32.result.latency.machine  # the machine the timings ran on (each node of a cluster records its own)
     assert machine["host"] == socket.gethostname() and machine["cpus"] == len(os.sched_getaffinity(0))
     assert machine["cpu"] and machine["arch"] == platform.machine() and "device" not in machine
-    int8 = build_variant(load_recipe(prepared.recipe.source).variants[0], BuildContext(prepared.source.onnx_path, tmp_path,
+    int8 = build_variant(load_recipe(prepared.recipe.source).variants[0],
+                         BuildContext(prepared.source.onnx_path, tmp_path,
                                                                                         prepared.calibration_batches))  # fmt: skip
     measured = measure(backend, int8, prepared, reference=fp32.reference)
     assert measured.result.latency is None  # not timed
@@ -110,7 +111,8 @@ def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, t
     assert measured.result.status == "failed" and measured.result.error and measured.outputs is None
 
 
-@pytest.mark.parametrize("module", ["qbench.execute.jobs", "qbench.explain.sensitivity", "qbench.fallback", "qbench.search.run"])
+@pytest.mark.parametrize("module",
+                         ["qbench.execute.jobs", "qbench.explain.sensitivity", "qbench.fallback", "qbench.search.run"])
 def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, monkeypatch):
     """Each caller's measurements go through measure(): replaced in the caller, it sees every model run."""
     import importlib
@@ -121,7 +123,8 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
     caller = importlib.import_module(module)
     seen: list[str] = []
     original = caller.measure
-    monkeypatch.setattr(caller, "measure", lambda backend, built, *a, **k: seen.append(built.name) or original(backend, built, *a, **k))
+    monkeypatch.setattr(caller, "measure", lambda backend, built, *a,
+                        **k: seen.append(built.name) or original(backend, built, *a, **k))  # fmt: skip
     monkeypatch.chdir(tmp_path)
     if module == "qbench.explain.sensitivity":
         explain_variant(load_recipe(write_fragile_project(tmp_path, [INT8])), "int8", method="leave_one_out")
@@ -172,7 +175,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["score"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])], [weight])  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(2).uniform(size=(40, 4)).astype(np.float32)
     pd.DataFrame({"x": list(features), "y": (features.mean(axis=1) > 0.5).astype(int)}).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({

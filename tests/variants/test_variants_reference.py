@@ -229,7 +229,8 @@ def test_a_built_model_that_does_not_take_the_fp32_models_inputs_fails_the_build
 
     def forgetful(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         node = helper.make_node("Relu", ["z"], ["y"], name="other_input")
-        graph = helper.make_graph([node], "forgetful", [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
+        graph = helper.make_graph([node], "forgetful",
+                                  [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])  # fmt: skip
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         target = ctx.workdir / f"{spec.name}.onnx"
