@@ -121,7 +121,6 @@ def supervise(args: Sequence[str]) -> int:
             jobs = _going_on(args, code, run, finished, died, stopped=bool(received))
             if not jobs:
                 break
-            assert run is not None
             died.update(dict.fromkeys(jobs, cause(-code)))
             _say(f"qbench: the `qbench sweep` process died running {', '.join(jobs)}: {cause(-code)} (the Python stack "
                  f"at that moment is above); going on with the other jobs: `--resume` of {run} records "
@@ -161,7 +160,8 @@ def _going_on(args: Sequence[str], code: int, run: Path | None, finished: int | 
     sweep's own process (marked started in `run` and not recorded), unless `STOP_ON_CRASH` was given or a signal
     came to this process (the user stops). Each resume records at least one more job (a job that died before is
     never run again by it, so dying there again is no progress and stops it), hence at most as many resumes as the
-    plan has jobs; a crash outside every job (preparing the sweep, writing its reports) would come again: it stops."""
+    plan has jobs. A crash outside every job (opening the sweep's tracking, writing its reports) stops it: no job is
+    to blame, and a resume would most likely meet it again."""
     if finished is not None or stopped or run is None or code >= 0 or -code not in GOING_ON or STOP_ON_CRASH in args:
         return []
     jobs = _started_jobs(run)
@@ -268,9 +268,10 @@ def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
     if run is None:
         return _say(f"{what}; run the command again once the cause is fixed")
     if not _started_jobs(run):
-        return _say(f"{what}; the results so far stay in {run}; it died outside every job (opening the sweep's "
-                    "tracking, writing its analysis or reports), which a resume would run into again: run the "
-                    "command again once the cause is fixed")  # fmt: skip
+        return _say(f"{what}; the results so far stay in {run}; it died outside every job of its own process "
+                    "(opening the sweep's tracking, writing its analysis or reports, driving a cluster's jobs), so it "
+                    "does not go on by itself: once the cause is fixed, `qbench sweep --resume` takes up the jobs "
+                    "recorded")  # fmt: skip
     return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "
                 "running as failed (`--resume --rerun-failed` runs it again)")  # fmt: skip
 

@@ -246,10 +246,11 @@ def test_a_resume_dying_in_the_job_it_died_in_before_ends_the_command(tmp_path):
 
 
 def test_a_sweep_dying_outside_every_job_ends_the_command(tmp_path):
-    """Preparing the sweep or writing its reports, a resume would die at the same place: it is not started."""
+    """Opening the sweep's tracking or writing its reports, no job is to blame, and a resume would most likely die at
+    the same place: it is not started."""
     code, stderr, attempts = _sweep_dying(tmp_path, [None, "finish"])
     assert code == 2 and len(attempts) == 1
-    assert "it died outside every job" in stderr[-1] and "run the command again once the cause is fixed" in stderr[-1]
+    assert "it died outside every job of its own process" in stderr[-1] and "does not go on by itself" in stderr[-1]
 
 
 @pytest.mark.parametrize(("signum", "goes_on"), [(signal.SIGKILL, True), (signal.SIGABRT, True), (signal.SIGBUS, True),
