@@ -42,7 +42,7 @@ from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
 from qbench.startup import uncollected_setup
-from qbench.supervisor import address_space_note, supervised
+from qbench.supervisor import KEEP_FAILED, STOP_ON_CRASH, address_space_note, supervised
 
 if TYPE_CHECKING:
     from qbench.results.schema import SweepResults
@@ -106,6 +106,13 @@ def sweep(
         bool, typer.Option("--rerun-failed", help="with --resume (or --plan): also run again the jobs that failed for "
                                  "their variant's own reason, once their cause is fixed outside the recipe and inputs")
     ] = False,
+    stop_on_crash: Annotated[  # read by the supervising process (qbench.supervisor), which resumes a crashed sweep
+        bool, typer.Option(STOP_ON_CRASH, help="end the command when the sweep's process crashes in a job (a native "
+                           "library's fault, the out-of-memory killer) instead of going on without that job")
+    ] = False,
+    keep_failed: Annotated[  # the supervising process's resume after a crash: the jobs that died in this command
+        Optional[list[str]], typer.Option(KEEP_FAILED, hidden=True)
+    ] = None,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
 
@@ -140,7 +147,8 @@ def sweep(
                 print_plan(loaded, rerun_failed=rerun_failed)
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
-            outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
+            outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed,
+                                keep_failed=frozenset(keep_failed or ()))
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:
