@@ -14,19 +14,29 @@ from qbench.slo import serving_figures
 from tests.recipe.test_spec import with_changes, write_recipe
 
 
+def _budget_recipe(tmp_path):
+    """Timed at batch 1 and 32, a budget of 22 ms at 100 req/s behind a batcher waiting at most 1 ms."""
+    return load_recipe(write_recipe(tmp_path, with_changes(
+        latency={"batch_sizes": [1, 32]},
+        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
+    )))  # fmt: skip
+
+
+def _points(samples: dict[int, np.ndarray]) -> list[LatencyPoint]:
+    """The latency table of each batch size's timed samples (ms)."""
+    return [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),
+                         bs * 1000 / float(v.mean())) for bs, v in samples.items()]  # fmt: skip
+
+
 def test_a_search_cut_short_by_its_cost_does_not_skip_the_real_run_at_the_budgets_rate(tmp_path):
     """Timings with stalls (0.15 % of runs, 8-50 ms), a 22 ms budget at 100 req/s: the search stops before a round it
     cannot afford, unsettled (at 20 ms it now settles: sizes between 1 and 32 are charged their slowest rows' timings
     too). A real server meeting the budget at every rate served the simulated claim (about 606
     req/s) and so skipped the real run at 100 req/s, leaving the gate the simulation's p99 there alone; a search cut
     short stands in for no real run, so 100 req/s is served for real too."""
-    recipe = load_recipe(write_recipe(tmp_path, with_changes(
-        latency={"batch_sizes": [1, 32]},
-        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
-    )))  # fmt: skip
+    recipe = _budget_recipe(tmp_path)
     samples = stalled_digits_samples()
-    points = [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),
-                           bs * 1000 / float(v.mean())) for bs, v in samples.items()]  # fmt: skip
+    points = _points(samples)
     served: list[float] = []
 
     def server(rate: float, overhead_ms: float, budget_ms: float) -> LoadStats:
@@ -46,13 +56,9 @@ def test_a_budget_rate_run_that_cannot_tell_is_served_again_longer_and_judged_on
     runs long; what that run shows is recorded (here it can tell: the server keeps up)."""
     from qbench.validate.serve import SETTLE_RUNS
 
-    recipe = load_recipe(write_recipe(tmp_path, with_changes(
-        latency={"batch_sizes": [1, 32]},
-        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
-    )))  # fmt: skip
+    recipe = _budget_recipe(tmp_path)
     samples = {1: np.full(200, 0.5), 32: np.full(200, 2.0)}
-    points = [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),
-                           bs * 1000 / float(v.mean())) for bs, v in samples.items()]  # fmt: skip
+    points = _points(samples)
     calls: list[tuple[float, int]] = []
 
     def server(rate: float, overhead_ms: float, budget_ms: float, runs: int = 1) -> LoadStats:
@@ -72,13 +78,9 @@ def test_pre_processing_on_the_cpus_a_host_backend_runs_the_model_on_lowers_the_
     takes the cores the model runs on, so full batches serve at most 32 / (2 + 32 x 0.05) ms = 8,889 req/s, and the
     simulation claimed up to about 15,000 (the pre-processing was charged to each request's latency only); on a GPU
     backend the model runs on the device, and the host's pre-processing takes nothing from it."""
-    recipe = load_recipe(write_recipe(tmp_path, with_changes(
-        latency={"batch_sizes": [1, 32]},
-        slo={"p99_ms": 22.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0, "requests": 5000}},
-    )))  # fmt: skip
+    recipe = _budget_recipe(tmp_path)
     samples = {1: np.full(200, 0.5), 32: np.full(200, 2.0)}
-    points = [LatencyPoint(bs, 0, v.size, *(float(q) for q in np.percentile(v, [50, 95, 99])), float(v.mean()),
-                           bs * 1000 / float(v.mean())) for bs, v in samples.items()]  # fmt: skip
+    points = _points(samples)
 
     def server(rate: float, overhead_ms: float, budget_ms: float, runs: int = 1) -> LoadStats:
         return LoadStats(rate, 1000, 0.5, 0.8, 1.0, 0.6, 0.1, 1.0, rate)
