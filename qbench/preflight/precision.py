@@ -135,6 +135,9 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     types = value_types(model)
     for graph in _graphs(model.graph):
         stored = {t.name: t.data_type for t in _stored_tensors(graph)}
+        for node in graph.node:  # a float weight narrowed to 16 bits when the model runs is held in that type too
+            if _cast_to(node, types) in (10, 16) and node.input and stored.get(node.input[0]) in (1, 11):
+                stored[node.output[0]] = _cast_to(node, types)
         origin = _reshaped(graph, {name for name, kind in stored.items() if kind in _DEQUANTIZED})
         for node in graph.node:
             weight = origin.get(node.input[0]) if node.input else None

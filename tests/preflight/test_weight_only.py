@@ -175,15 +175,21 @@ def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> N
                        "MatMulNBitsQuantizer or the like)")  # fmt: skip
 
 
-@pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast")])
+@pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
+                                            ("narrowed when run", "Cast")])  # fmt: skip
 def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
-    """A float16 weight widened by CastLike(w, x), or held in a Constant node, computes as one an initializer's Cast
-    widens: it went without the note, and the reference's figures were called those of an FP32 model."""
+    """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to float16
+    and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the reference's
+    figures were called those of an FP32 model."""
     stored = numpy_helper.from_array(WEIGHT.astype(np.float16), "w_stored")
     nodes = [_widen("w_stored", "w", widen == "CastLike"), helper.make_node("MatMul", ["x", "w"], ["y"])]
+    weights = [stored] if held == "initializer" else []
     if held == "Constant":
         nodes.insert(0, helper.make_node("Constant", [], ["w_stored"], value=stored))
-    model = _model(nodes, [stored] if held == "initializer" else [])
+    elif held == "narrowed when run":
+        nodes.insert(0, helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16))
+        weights = [numpy_helper.from_array(WEIGHT, "w_float")]
+    model = _model(nodes, weights)
     np.testing.assert_allclose(_run(model, {"x": ROWS}), ROWS @ WEIGHT.astype(np.float16).astype(np.float32), rtol=1e-5)
     assert reduced_precision(model) is None
     assert stored_weights(model).startswith(f"stores 1 weight in float16 ({widen}) and widens them to float")
