@@ -64,7 +64,8 @@ def _mlp(dims: list[int], path: Path, rng: np.random.Generator) -> None:
     nodes, weights, current = [], [], "x"
     for i, (n_in, n_out) in enumerate(zip(dims, dims[1:])):
         last = i == len(dims) - 2
-        weights += [numpy_helper.from_array((rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32), f"w{i}"),
+        weights += [numpy_helper.from_array((rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32),
+                                            f"w{i}"),
                     numpy_helper.from_array(np.zeros(n_out, np.float32), f"b{i}")]  # fmt: skip
         out = "logits" if last else f"h{i}"
         nodes.append(helper.make_node("Gemm", [current, f"w{i}", f"b{i}"], [out if last else out + "_pre"]))

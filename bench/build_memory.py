@@ -44,7 +44,8 @@ def make_model(path: Path, blocks: int, width: int) -> None:
     nodes, weights, current = [], [], "x"
     for block in range(blocks):
         for name, shape in (("up", (width, 4 * width)), ("down", (4 * width, width))):
-            weights.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32), f"b{block}.{name}.w"))
+            weights.append(numpy_helper.from_array((rng.standard_normal(shape) * 0.02).astype(np.float32),
+                                                   f"b{block}.{name}.w"))  # fmt: skip
             weights.append(numpy_helper.from_array(np.zeros(shape[1], np.float32), f"b{block}.{name}.b"))
         p = f"b{block}"
         nodes += [
@@ -71,7 +72,8 @@ def child(build: str, model: str, workdir: str, width: int) -> None:
 
     rng = np.random.default_rng(1)
     calibration = [{"x": rng.standard_normal((ROWS, width)).astype(np.float32)} for _ in range(BATCHES)]
-    built = build_variant(VariantSpec(name=build, **BUILDS[build]), BuildContext(Path(model), Path(workdir), calibration))
+    built = build_variant(VariantSpec(name=build, **BUILDS[build]),
+                          BuildContext(Path(model), Path(workdir), calibration))  # fmt: skip
     if build == "fp16":
         from qbench.variants.emulate import save_float16_emulation
 

@@ -110,7 +110,8 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     qbench = searched(recipe)
     prepared = prepare(recipe, track=False)
     calibration = work / "calibration.npz"
-    np.savez(calibration, **{k: np.concatenate([b[k] for b in prepared.calibration_batches]) for k in prepared.calibration_batches[0]})
+    np.savez(calibration,
+             **{k: np.concatenate([b[k] for b in prepared.calibration_batches]) for k in prepared.calibration_batches[0]})
     made: dict[str, dict[str, Any]] = {"fp32": {"path": prepared.source.onnx_path, "seconds": 0.0, "tool": "export"},
                                        "qbench-search": {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
                                                          "tool": f"qbench search ({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
@@ -167,22 +168,26 @@ def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
     table = Table(title="all-MiniLM-L6-v2, seq 128: medians of interleaved rounds (noisy shared machine: compare ratios)")
     for column in ("contender", "tool", "speed-up b1", "speed-up b16", "mean cos", "min cos", "worst slice (mean cos)",
                    "gate", "time to produce s"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("contender", "tool", "worst slice (mean cos)") else "right")
+        table.add_column(column,
+                         justify="left" if column in ("contender", "tool", "worst slice (mean cos)") else "right")
     for name, row in result["contenders"].items():
         if "error" in row:
             table.add_row(name, row["error"], *["—"] * 7)
             continue
-        table.add_row(name, row["tool"], f"{row['speedup_b1']:.2f}", f"{row['speedup_b16']:.2f}", f"{row['mean_cosine']:.4f}",
+        table.add_row(name, row["tool"], f"{row['speedup_b1']:.2f}", f"{row['speedup_b16']:.2f}",
+                      f"{row['mean_cosine']:.4f}",
                       f"{row['min_cosine']:.4f}", f"{row['worst_slice']} ({row['worst_slice_cosine']:.4f})", row["gate"],
                       f"{row['seconds_to_produce']:.1f}")  # fmt: skip
     print_wide(table, console)
     same = Table(title="the same search, unchanged, on other models (speed-ups as each sweep measured them)")
-    for column in ("model", "outcome", "chosen (or closest)", "speed-ups", "drop", "worst slice (drop)", "gate", "search s", "sweep s"):
+    for column in ("model", "outcome", "chosen (or closest)", "speed-ups", "drop", "worst slice (drop)", "gate",
+                   "search s", "sweep s"):  # fmt: skip
         same.add_column(column)
     for name, r in others.items():
         speed = ", ".join(f"{b} {v:.2f}" for b, v in r["speedups"].items())
         worst = f"{r['worst_slice']} ({r['worst_slice_drop']:+.4f})" if r["worst_slice"] else "—"
-        same.add_row(name, r["outcome"], r["chosen"] or r["closest"] or "—", speed, f"{r['drop']:+.4f}" if r["drop"] is not None else "—",
+        same.add_row(name, r["outcome"], r["chosen"] or r["closest"] or "—", speed,
+                     f"{r['drop']:+.4f}" if r["drop"] is not None else "—",
                      worst, r["gate"], f"{r['search_seconds']:.0f}", f"{r['sweep_seconds']:.0f}")  # fmt: skip
     print_wide(same, console)
 

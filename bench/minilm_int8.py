@@ -127,7 +127,8 @@ def accuracy(models: dict[str, Path], prepared: Prepared, threads: int) -> dict[
     for name, values in outputs.items():
         result = evaluate_accuracy("embedding", values, outputs["fp32"], None, prepared.slices)
         worst = min(result.slices, key=lambda s: s.metrics["cosine"])
-        found[name] = {"mean_cosine": result.overall.metrics["cosine"], "min_cosine": result.overall.metrics["cosine_min"],
+        found[name] = {"mean_cosine": result.overall.metrics["cosine"],
+                       "min_cosine": result.overall.metrics["cosine_min"],
                        "worst_slice": worst.name, "worst_slice_cosine": worst.metrics["cosine"],
                        "worst_slice_min_cosine": worst.metrics["cosine_min"]}  # fmt: skip
     return found
@@ -205,7 +206,8 @@ def main() -> int:
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     outcome = report(latency, cosines)
     profile = {n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")} if args.profile else None
-    write_record(args, started, {"goal": GOAL}, {**outcome, "latency": latency, "qbench_search": search, "profile": profile})
+    write_record(args, started, {"goal": GOAL},
+                 {**outcome, "latency": latency, "qbench_search": search, "profile": profile})  # fmt: skip
     return 0
 
 

@@ -86,7 +86,8 @@ def _describe(params: dict[str, Any]) -> str:
 
 def report(latency: dict[str, Any], cosines: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
     table = Table(title="all-MiniLM-L6-v2, seq 128: speed vs FP32 (median p50 of interleaved rounds; NOISY machine)")
-    columns = ("contender", "b1 ms", "b16 ms", "speed b1", "speed b16", "mean cos", "min cos", "worst topic", "gate", "build s")
+    columns = ("contender", "b1 ms", "b16 ms", "speed b1", "speed b16", "mean cos", "min cos", "worst topic", "gate",
+               "build s")  # fmt: skip
     for column in columns:
         table.add_column(column, justify="left" if column in ("contender", "worst topic", "gate") else "right")
     summary = {}
@@ -127,7 +128,8 @@ def main() -> int:
     cosines = accuracy(models, topics, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     summary = report(latency, cosines, {**seconds, **sq_seconds})
-    write_record(args, started, {"gate": GATE}, {"summary": summary, "latency": latency, "smoothquant_params": sq_params})
+    write_record(args, started, {"gate": GATE},
+                 {"summary": summary, "latency": latency, "smoothquant_params": sq_params})  # fmt: skip
     return 0
 
 

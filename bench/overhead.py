@@ -257,7 +257,8 @@ def _fidelity_row(backend: str, model: str, batch_size: int, bare: list[float], 
 
 def _split(timings: dict[str, float], wall_s: float) -> dict:
     outside = wall_s - timings.get("build", 0.0) - timings.get("inference", 0.0)
-    return {**timings, "wall_s": wall_s, "outside_build_and_inference_s": outside, "overhead_fraction": outside / wall_s}
+    return {**timings, "wall_s": wall_s, "outside_build_and_inference_s": outside,
+            "overhead_fraction": outside / wall_s}  # fmt: skip
 
 
 def library_sweep(root: Path, recipe_name: str, *, track: bool) -> dict:
@@ -291,7 +292,8 @@ def prepare_demo(root: Path, name: str) -> None:
     if name == "digits":
         make_digits_demo(root)
     else:
-        shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("reports"), dirs_exist_ok=True)
+        shutil.copytree(REPO / "recipes", root / "recipes", ignore=shutil.ignore_patterns("reports"),
+                        dirs_exist_ok=True)  # fmt: skip
         write_text_sets(root / "calibration" / "minilm")
 
 

@@ -133,7 +133,8 @@ def main() -> None:
         for check in range(args.checks if claim else 0):
             requests = max(200, int(claim * 0.25))
             arrivals = np.cumsum(Draws.make(requests, 100 + check).unit_gaps) * (1000.0 / claim)
-            stats = served_stats(serve(runner, feeds, arrivals, batcher, padding=padding, first_row=check * requests), claim)
+            stats = served_stats(serve(runner, feeds, arrivals, batcher, padding=padding, first_row=check * requests),
+                                 claim)  # fmt: skip
             checks.append({"p99_ms": stats.p99_ms, "overloaded": stats.overloaded})
         missed = sum(c["p99_ms"] > args.budget_ms or c["overloaded"] for c in checks)
         result["claims"][name] = {"max_rate_rps": claim, "whole_mix_checks": checks, "missed": missed}

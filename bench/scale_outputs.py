@@ -133,7 +133,8 @@ def main() -> int:
     for column in ("case", "rows", "wall s", "peak RSS MiB", "exit"):
         table.add_column(column, justify="left" if column == "case" else "right")
     for r in results:
-        table.add_row(r["case"], f"{r['rows']:,}", f"{r['wall_s']:.2f}", f"{r['peak_rss_mib']:.0f}", str(r["exit_code"]))
+        table.add_row(r["case"], f"{r['rows']:,}", f"{r['wall_s']:.2f}", f"{r['peak_rss_mib']:.0f}",
+                      str(r["exit_code"]))  # fmt: skip
     console.print(table)
     write_json(args.out, {"qbench": str(Path(qbench.__file__).parent), "results": results}, console)
     return 1 if any(r["exit_code"] != 0 for r in results) else 0

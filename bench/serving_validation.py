@@ -119,7 +119,8 @@ def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe, 
     """p50 service time measured at intermediate batch sizes against qbench's interpolation of the timed sizes."""
     timing = recipe.latency
     service = MeasuredServiceTimes(samples)
-    measured = measure_samples(runner, feeds, INTERMEDIATE_SIZES, timing.warmup, timing.iterations, description="intermediate")
+    measured = measure_samples(runner, feeds, INTERMEDIATE_SIZES, timing.warmup, timing.iterations,
+                               description="intermediate")  # fmt: skip
     rows = []
     for size in INTERMEDIATE_SIZES:
         predicted = {q: float(service.service_ms(size, q)) for q in (0.5, 0.99)}
@@ -137,7 +138,9 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
     draws = Draws.make(requests, settings["seed"])
     overhead = prepared.preprocess_ms_per_row
     feeds = prepared.evaluation_feeds
-    runner = backend.load(built, RunOptions(threads=timing.threads, batch_sizes=tuple(sorted({*timing.batch_sizes, *INTERMEDIATE_SIZES}))))
+    runner = backend.load(built,
+                          RunOptions(threads=timing.threads,
+                                     batch_sizes=tuple(sorted({*timing.batch_sizes, *INTERMEDIATE_SIZES}))))
     try:
         runner.run({k: v[:1] for k, v in feeds.items()})
         samples = measure_samples(runner, feeds, timing.batch_sizes, timing.warmup, timing.iterations,
@@ -147,7 +150,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
         points = latency_points(samples, timing.warmup)
         serving = serving_figures(recipe, backend.name, samples, points, model_bytes=None, runtime=runner.describe(),
                                   preprocess_ms_per_row=overhead, batcher=batcher_samples,
-                                  server=server_for(recipe.slo, backend.name, timing.batch_sizes, runner, feeds))  # fmt: skip
+                                  server=server_for(recipe.slo, backend.name, timing.batch_sizes, runner,
+                                                    feeds))  # fmt: skip
         replay = LoadReplay(served_times(samples, batcher_samples), batcher, draws)
         back_to_back = LoadReplay(MeasuredServiceTimes(samples), batcher, draws)  # the simulation before the batcher
         old_max = search_max_rate(back_to_back, serving.budget_ms, overhead_ms=overhead).max_rate_rps
@@ -211,7 +215,8 @@ def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
         table.add_column(header, justify="right")
     for row in figures["rates"]:
         p, r, b = row["predicted"], row["real"], row["back_to_back"]
-        table.add_row(f"{row['rate_rps']:,.0f}", f"{row['of_capacity']:.1%}", f"{b['p50_ms']:.3f}", f"{p['p50_ms']:.3f}",
+        table.add_row(f"{row['rate_rps']:,.0f}", f"{row['of_capacity']:.1%}", f"{b['p50_ms']:.3f}",
+                      f"{p['p50_ms']:.3f}",
                       f"{r['p50_ms']:.3f}", f"{row['back_to_back_p50_ratio']:.2f} / {row['p50_ratio']:.2f}",
                       f"{b['p99_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{r['p99_ms']:.3f}",
                       f"{row['back_to_back_p99_ratio']:.2f} / {row['p99_ratio']:.2f}",
@@ -252,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             figures = validate_variant(recipe, prepared, variant, fractions, requests)
             load = (before[0], os.getloadavg()[0])
-            figures |= {"load_average_1min": {"before": load[0], "after": load[1]}, "seconds": time.perf_counter() - started}
+            figures |= {"load_average_1min": {"before": load[0], "after": load[1]},
+                        "seconds": time.perf_counter() - started}  # fmt: skip
             report["variants"].append(figures)
             console.print(_table(figures, load))
             console.print(f"{figures['variant']}: where the server kept up, median real/predicted "

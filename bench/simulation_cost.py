@@ -108,16 +108,19 @@ def main() -> int:
             runs["unbounded"].append(timed(search, None))
             runs["bounded"].append(timed(search, MAX_BATCHES))
         for how, measured in runs.items():
-            rows.append({"search": index, "how": how, **measured[-1], "cpu_s": statistics.median(m["cpu_s"] for m in measured),
+            rows.append({"search": index, "how": how, **measured[-1],
+                         "cpu_s": statistics.median(m["cpu_s"] for m in measured),
                          "wall_s": statistics.median(m["wall_s"] for m in measured)})  # fmt: skip
     load_after = os.getloadavg()
     table = Table(title=f"the rate search per variant (sweep under {args.busy} spinning processes; load average "
                         f"{load_before[0]:.2f} before the searches, {load_after[0]:.2f} after)")  # fmt: skip
-    for column in ("search", "how", "CPU s (median)", "wall s (median)", "batches", "simulations", "requests", "rate req/s", "settled"):
+    for column in ("search", "how", "CPU s (median)", "wall s (median)", "batches", "simulations", "requests",
+                   "rate req/s", "settled"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("search", "how") else "right")
     for row in rows:
         rate = "none" if row["rate_rps"] is None else f"{row['rate_rps']:,.0f}"
-        table.add_row(str(row["search"]), row["how"], f"{row['cpu_s']:.2f}", f"{row['wall_s']:.2f}", f"{row['batches']:,}",
+        table.add_row(str(row["search"]), row["how"], f"{row['cpu_s']:.2f}", f"{row['wall_s']:.2f}",
+                      f"{row['batches']:,}",
                       str(row["simulations"]), f"{row['requests']:,}", rate, str(row["settled"]))  # fmt: skip
     console.print(table)
     in_sweep = ", ".join(f"{s['in_sweep']['wall_s']:.2f} s ({s['in_sweep']['cpu_s']:.2f} s CPU)" for s in searches)

@@ -145,7 +145,8 @@ def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipe", type=Path, action="append", help="recipe file (repeatable); default digits + minilm")
+    parser.add_argument("--recipe", type=Path, action="append",
+                        help="recipe file (repeatable); default digits + minilm")  # fmt: skip
     parser.add_argument("--limit", type=int, help="evaluate at most this many rows (every recipe)")
     parser.add_argument("--variants", help="comma-separated variant names to keep (FP32 is always built)")
     parser.add_argument("--price", action="append", default=[], help="backend=USD per hour over the recipe's cost")

@@ -58,7 +58,8 @@ class MissingExtraError(QbenchError):
         failed = sys.exc_info()[1]
         if isinstance(failed, ImportError) and not isinstance(failed, ModuleNotFoundError):
             super().__init__(f"{what} is installed but could not be loaded ({one_line(failed)}); if it is a broken "
-                             f"install, reinstall it with `pip install --force-reinstall 'qbench[{extra}]'`")  # fmt: skip
+                             "install, reinstall it with "
+                             f"`pip install --force-reinstall 'qbench[{extra}]'`")  # fmt: skip
             self.extra = extra
             return
         message = f"{what} is not installed: install it with `pip install 'qbench[{extra}]'`"
@@ -78,9 +79,7 @@ scope (its checks, and `unresolved`: every reason)."""
 
 def named_some(items: Sequence[str], separator: str = ", ") -> str:
     """'a, b, c, d, e and 3 more': at most NAMED_SCOPES of `items`, the rest counted, so a line stays a line."""
-    shown = separator.join(items[:NAMED_SCOPES])
-    rest = len(items) - NAMED_SCOPES
-    return f"{shown} and {rest} more" if rest > 0 else shown
+    return first_named(items, NAMED_SCOPES, separator)
 
 
 def one_line(text: object, limit: int | None = None) -> str:
@@ -128,6 +127,12 @@ def names_listed(names: Iterable[str]) -> str:
     """`names` sorted and joined by commas, each as it prints (plain_name), quoted where it holds a comma: a CSV
     header's ' Mean Radius ' listed plainly read as 'Mean Radius', and the did-you-mean beside it differed."""
     return ", ".join(repr(n) if "," in n else plain_name(n) for n in sorted(str(n) for n in names))
+
+
+def first_named(items: Sequence[str], most: int, separator: str = ", ") -> str:
+    """'a, b, c and 3 more': the first `most` of `items`, the rest counted, so a line stays a line."""
+    shown = separator.join(items[:most])
+    return f"{shown} and {len(items) - most} more" if len(items) > most else shown
 
 
 OUT_OF_MEMORY = "out of memory"  # environment_cause's word for a failed allocation

@@ -19,9 +19,9 @@ gate's own verdict on the chosen variant (measured on the evaluation rows) never
 A try in which no node computes in INT8 (BuiltVariant.lowered_nothing) is not applicable: it never
 passes, whatever it measures. The result is the fastest passing candidate (p50 at the largest batch
 size), chosen by the INT8 search's rule (qbench.gate.resolution.passing): a pass the selection rows resolve
-before any that rests on too few of them, which is kept only when no try's pass is resolved, with a note (and
-under `gate.unresolved: fail` reported as not passing, as the gate would hold it: `search.outcome` "pass
-unresolved", the note saying how many rows would resolve it); when none passes, the most accurate one that
+before any that rests on too few of them or says nothing of a scope no gated metric judges, which is kept only
+when no try's pass is resolved, with a note (and under `gate.unresolved: fail` reported as not passing, as the gate
+would hold it: `search.outcome` "pass unresolved", the note saying why); when none passes, the most accurate one that
 quantizes something, with a note saying the tolerance was unreachable (the gate then fails it); when no try
 quantizes anything (the model has nothing to quantize), the first try, which is the FP32 model itself.
 
@@ -160,7 +160,9 @@ def build_with_search(spec: VariantSpec, ctx: BuildContext, *, evaluate: Evaluat
 
 
 class _Search:
-    def __init__(self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, prepared: Prepared, reference: VariantResult) -> None:  # fmt: skip
+    def __init__(
+        self, spec: VariantSpec, ctx: BuildContext, evaluate: Evaluate, prepared: Prepared, reference: VariantResult
+    ) -> None:
         self.spec, self.ctx, self.evaluate, self.reference = spec, ctx, evaluate, reference
         self.tolerances = reference_tolerances(reference, prepared.recipe.gate)
         self.prepared, self.gate = prepared, prepared.recipe.gate
@@ -174,12 +176,13 @@ class _Search:
 
     def attempt(self, calibrator: str, excluded: tuple[str, ...]) -> Trial:
         """Build, measure and judge one candidate (in a folder of its own, removed once it cannot win)."""
-        spec = self.spec.model_copy(update={"calibrator": calibrator, "exclude_nodes": list(excluded), "fallback": None})
+        spec = self.spec.model_copy(update={"calibrator": calibrator, "exclude_nodes": list(excluded),
+                                            "fallback": None})  # fmt: skip
         workdir = self.root / str(len(self.trials))
         try:
             built: BuiltVariant | None = build_variant(spec, dataclasses.replace(self.ctx, workdir=workdir))
             result = self.evaluate(built)
-        except Exception as exc:  # noqa: BLE001 - one calibrator failing (e.g. entropy on a BERT graph) is one failed try
+        except Exception as exc:  # noqa: BLE001 - one calibrator failing (entropy on a BERT graph) is one failed try
             if write_fault(exc):  # the disk's fault: another candidate would be picked for it
                 raise
             error = f"{type(exc).__name__}: {exc}"
@@ -193,8 +196,8 @@ class _Search:
         return trial
 
     def judged(self, result: VariantResult) -> GateReport:
-        """The gate's verdict on one try's `result` (qbench.gate.evaluate.judge), its rows rule counting the distinct inputs of
-        the rows it was measured on (Rows.judged_on), as `qbench gate` and the INT8 search count them."""
+        """The gate's verdict on one try's `result` (qbench.gate.evaluate.judge), its rows rule counting the distinct
+        inputs of the rows it was measured on (Rows.judged_on), as `qbench gate` and the INT8 search count them."""
         return judge(self.reference, result, self.gate, self.tolerances, self.distinct_inputs)
 
     def _discard_losers(self) -> None:
@@ -252,7 +255,9 @@ class _Search:
             if trial.firm_pass or not self.may_beat(trial):
                 return
 
-    def rank(self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int, needed: float) -> tuple[list[str], float]:
+    def rank(
+        self, base: Trial, nodes: list[QuantizedNode], pool: int, keep: int, needed: float
+    ) -> tuple[list[str], float]:
         """`nodes` (those `base` quantized) in the order to keep them in FP32: those whose float version alone brings
         the outputs closer to FP32, the most recovered per weight first (a node kept in FP32 costs time in proportion
         to its weights), then the rest of the pool; and the share of the output noise that remains with the first `keep`
@@ -288,7 +293,8 @@ class _Search:
         weights = _weight_sizes(load_model(self.ctx.reference_path))
         typical = float(np.median(list(weights.values()))) if weights else 1.0
         # fastest passing is the goal: what a node recovers per weight kept in FP32 (its compute) orders them
-        useful = sorted((c for c in costs if c.overall > 0), key=lambda c: -c.overall / weights.get(c.nodes[0], typical))
+        useful = sorted((c for c in costs if c.overall > 0),
+                        key=lambda c: -c.overall / weights.get(c.nodes[0], typical))  # fmt: skip
         first = [cost.nodes[0] for cost in useful]
         ordered = first + [n.name for n in nodes if n.name not in first]
         if baseline.overall <= 0 or not ordered:
@@ -313,8 +319,8 @@ class _Search:
                 if paired_residual < residual:
                     self.together[base.calibrator] = together
                     logger.info("  %s: nodes that matter together first: %s (%s of the noise left with %d in FP32, "
-                                "%s by single recoveries)", base.calibrator, ", ".join(together), percent(paired_residual),
-                                keep, percent(residual))  # fmt: skip
+                                "%s by single recoveries)", base.calibrator, ", ".join(together),
+                                percent(paired_residual), keep, percent(residual))  # fmt: skip
                     ordered, residual = paired, paired_residual
         return ordered, residual
 
@@ -331,7 +337,8 @@ class _Search:
         best = residual
         while len(chosen) + 2 <= keep:
             free = [name for name in candidates if name not in chosen]
-            tried = {pair: remaining([*chosen, *pair], f"pair-{index}") for index, pair in enumerate(itertools.combinations(free, 2))}
+            tried = {pair: remaining([*chosen, *pair], f"pair-{index}")
+                     for index, pair in enumerate(itertools.combinations(free, 2))}  # fmt: skip
             if not tried:
                 break
             pair, left = min(tried.items(), key=lambda item: item[1])
@@ -365,8 +372,9 @@ class _Search:
         if self.spec.calibrator == "auto":
             params["calibrator_requested"] = "auto"
         if self.spec.fallback is not None:
-            params |= {"fallback.max_excluded": self.spec.fallback.max_excluded, "fallback.step": self.spec.fallback.step,
-                       "fallback.ranking": self.rankings, "fallback.skipped": self.skipped}  # fmt: skip
+            params |= {"fallback.max_excluded": self.spec.fallback.max_excluded,
+                       "fallback.step": self.spec.fallback.step, "fallback.ranking": self.rankings,
+                       "fallback.skipped": self.skipped}  # fmt: skip
             if self.together:
                 params["fallback.together"] = self.together
         return params
@@ -394,9 +402,10 @@ class _Search:
 
 
 def _outcome(chosen: Trial, unresolved: str) -> str:
-    """'passed', PASS_UNRESOLVED (a pass too few rows resolve, under `gate.unresolved: fail`, which the gate would not
-    count: the notes say how many rows would resolve it), 'tolerance unreachable' or 'nothing to quantize'."""
-    if chosen.resolved_pass or (chosen.passed and unresolved != "fail"):
+    """'passed', PASS_UNRESOLVED (a pass too few rows resolve, or beside a scope no gated metric judges, under
+    `gate.unresolved: fail`, which the gate would not count: the notes say why), 'tolerance unreachable' or 'nothing
+    to quantize'."""
+    if chosen.counted(unresolved):
         return "passed"
     if chosen.passed:
         return PASS_UNRESOLVED

@@ -17,6 +17,12 @@ no verdict), so that `qbench sweep --resume` records the job that was running wi
 `DIED_FILE` was ended from outside, which is no fault of that job: killed with the supervising process itself (the
 whole process tree: a CI job cancelled, a runner gone), or by a signal this process passed on (SIGHUP: the terminal
 closed), which it therefore does not record.
+
+A sweep's process that dies of a fault (`GOING_ON`: a native library's crash, the out-of-memory killer) inside a job
+does not end the sweep: the parent says so in one line naming the job and the signal and runs the same command again
+as a `--resume`, which records that job failed and runs the others, a crash in any of them likewise (`_going_on`
+bounds it); the command then ends with exit 2, a crashed variant being no pass. `qbench sweep --stop-on-crash` ends
+it at the first crash instead, as before.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn
@@ -40,6 +46,10 @@ EXIT_ERROR = 2
 CODES = (0, 1, EXIT_ERROR)  # the contract: pass, breach on complete valid results, anything else
 CHILD_MODULE = "qbench.cli.child"
 DIED_FILE = "DIED"  # in a run folder: the signal its sweep's process died of, written by the parent
+JOBS_FOLDER = "jobs"  # in a run folder: a record per finished job (qbench.execute.records)
+STARTED = ".started"  # in JOBS_FOLDER: the mark of a job running in the sweep's process, removed as it is recorded
+STOP_ON_CRASH = "--stop-on-crash"  # `qbench sweep`'s option: a crash inside a job ends the command, as it used to
+KEEP_FAILED = "--keep-failed"  # `qbench sweep`'s hidden option: a job a resume after a crash never runs again
 _CHANNEL = "QBENCH_SUPERVISOR_FD"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed (it reaches the parent only)
 _PR_SET_PDEATHSIG = 1  # Linux prctl option: a signal for this process when its parent dies
@@ -51,6 +61,10 @@ _CAUSES = {
     signal.SIGABRT: "aborted (SIGABRT) by a native library",
     signal.SIGKILL: "killed (SIGKILL), often the out-of-memory killer",
 }
+# a fault of the sweep's own process inside a job, which the job's variant caused (a native library's crash) or the
+# job's memory use (the out-of-memory killer's SIGKILL: a machine short of memory may kill the next job too, and
+# each such death records one more job failed), after which the sweep goes on without that job (`_going_on`)
+GOING_ON = frozenset((signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT, signal.SIGKILL))
 _channel: int | None = None
 
 
@@ -63,43 +77,68 @@ def cause(signum: int) -> str:
 
 
 def supervise(args: Sequence[str]) -> int:
-    """Run `qbench ARGS` in a child process and return its exit code (see the module docstring)."""
+    """Run `qbench ARGS` in a child process and return its exit code (see the module docstring); a sweep whose process
+    dies of a fault inside a job is resumed (`_going_on`)."""
     _open_standard_descriptors()
-    read_end, write_end = os.pipe()
     received: list[int] = []
     forwarded: list[int] = []
     child: list[subprocess.Popen[bytes]] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
-        for process in child:
+        for process in child[-1:]:
+            if process.returncode is not None:  # ended: the next one, if any, gets it as it starts
+                continue
             forwarded.append(signum)
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED}
+    died: dict[str, str] = {}  # job -> how the sweep's process died running it, for each resume so far
+    command = list(args)
     try:
-        try:
-            process = subprocess.Popen(_child_command(args), env={**os.environ, _CHANNEL: str(write_end)},
-                                       pass_fds=(write_end,), process_group=0,
-                                       preexec_fn=_ending_with(os.getpid()) if sys.platform == "linux" else None)  # fmt: skip
-        except OSError as exc:
-            return _say(f"qbench: error: cannot start the command's process: {exc}")
-        finally:
-            os.close(write_end)
-        child.append(process)
-        if received and not forwarded:  # a signal that came before there was a child to pass it on to
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(received[-1])
-        code = process.wait()
+        while True:
+            read_end, write_end = os.pipe()
+            try:
+                process = subprocess.Popen(_child_command(command), env={**os.environ, _CHANNEL: str(write_end)},
+                                           pass_fds=(write_end,), process_group=0,
+                                           preexec_fn=_ending_with(os.getpid()) if sys.platform == "linux" else None)
+            except OSError as exc:
+                os.close(read_end)
+                return _say(f"qbench: error: cannot start the command's process: {exc}")
+            finally:
+                os.close(write_end)
+            child.append(process)
+            if received and not forwarded:  # a signal that came before there was a child to pass it on to
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(received[-1])
+            code = process.wait()
+            run, finished = _announced(read_end)
+            passed_on = code < 0 and -code in received  # a signal sent to this process ended it: no fault of its job
+            if run is not None and finished is None and not passed_on:  # it ended inside the sweep of `run`: say how
+                _record_death(run, cause(-code) if code < 0 else f"exit status {code} before qbench finished the "
+                              "command (exit() inside a library or the recipe's code)")  # fmt: skip
+            jobs = _going_on(args, code, run, finished, died, stopped=bool(received))
+            if not jobs:
+                break
+            died.update(dict.fromkeys(jobs, cause(-code)))
+            _say(f"qbench: the `qbench sweep` process died running {', '.join(jobs)}: {cause(-code)} (the Python stack "
+                 f"at that moment is above); going on with the other jobs: `--resume` of {run} records "
+                 f"{'it' if len(jobs) == 1 else 'them'} failed ({STOP_ON_CRASH} stops here instead)")  # fmt: skip
+            command = _resumed(args, died)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    run, finished = _announced(read_end)
-    passed_on = code < 0 and -code in received  # a signal sent to this process ended it: no fault of its job
-    if run is not None and finished is None and not passed_on:  # it ended inside the sweep of `run`: say how
-        _record_death(run, cause(-code) if code < 0 else f"exit status {code} before qbench finished the "
-                                                         "command (exit() inside a library or the recipe's code)")  # fmt: skip
+    verdict = _verdict(args, code, run, finished, passed_on)
+    if died and finished is not None:  # a crashed variant is no pass, even one the gate does not judge
+        return _say(f"qbench: error: the sweep went on after its process died in "
+                    f"{'; '.join(f'{job} ({how})' for job, how in died.items())}: recorded failed, which is no pass "
+                    "(exit 2); `qbench sweep --resume --rerun-failed` runs it again once the cause is fixed")
+    return verdict
+
+
+def _verdict(args: Sequence[str], code: int, run: Path | None, finished: int | None, passed_on: bool) -> int:
+    """The exit code of the command whose (last) process ended with `code` having announced `run` and `finished`."""
     if code in CODES and (finished == code or code == EXIT_ERROR):
         return code
     if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
@@ -110,6 +149,40 @@ def supervise(args: Sequence[str]) -> int:
     if code >= 0:
         return _say(f"qbench: error: the command's process ended with status {code}, not a verdict{address_space_note()}")
     return _crashed(args, -code, run)
+
+
+def _going_on(args: Sequence[str], code: int, run: Path | None, finished: int | None, died: Mapping[str, str], *,
+              stopped: bool) -> list[str]:  # fmt: skip
+    """The jobs a sweep's process that ended with `code` died running, when the sweep goes on without them (a
+    `--resume` of `run` records them failed and runs every other job); [] when it stops.
+
+    It goes on after a fault (`GOING_ON`: a native library's crash, the out-of-memory killer) inside a job of a
+    sweep's own process (marked started in `run` and not recorded), unless `STOP_ON_CRASH` was given or a signal
+    came to this process (the user stops). Each resume records at least one more job (a job that died before is
+    never run again by it, so dying there again is no progress and stops it), hence at most as many resumes as the
+    plan has jobs. A crash outside every job (opening the sweep's tracking, writing its reports) stops it: no job is
+    to blame, and a resume would most likely meet it again."""
+    if finished is not None or stopped or run is None or code >= 0 or -code not in GOING_ON or STOP_ON_CRASH in args:
+        return []
+    jobs = _started_jobs(run)
+    return [] if not jobs or set(jobs) & set(died) else jobs
+
+
+def _started_jobs(run: Path) -> list[str]:
+    """The jobs marked started in the run folder `run` and not recorded: those its sweep's process died running."""
+    jobs = []
+    for mark in sorted((run / JOBS_FOLDER).glob(f"*{STARTED}")):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            jobs.append(str(json.loads(mark.read_text())["job"]))
+    return jobs
+
+
+def _resumed(args: Sequence[str], died: Mapping[str, str]) -> list[str]:
+    """`qbench ARGS` as a `--resume` that never runs again a job in `died` (`--rerun-failed` would: `KEEP_FAILED`)."""
+    resumed = [*args, *([] if "--resume" in args else ["--resume"])]
+    if "--rerun-failed" in args:
+        resumed += [word for job in died for word in (KEEP_FAILED, job)]
+    return resumed
 
 
 def address_space_note() -> str:
@@ -194,6 +267,11 @@ def _crashed(args: Sequence[str], signum: int, run: Path | None) -> int:
             f"{address_space_note()})")
     if run is None:
         return _say(f"{what}; run the command again once the cause is fixed")
+    if not _started_jobs(run):
+        return _say(f"{what}; the results so far stay in {run}; it died outside every job of its own process "
+                    "(opening the sweep's tracking, writing its analysis or reports, driving a cluster's jobs), so it "
+                    "does not go on by itself: once the cause is fixed, `qbench sweep --resume` takes up the jobs "
+                    "recorded")  # fmt: skip
     return _say(f"{what}; the results so far stay in {run}: `qbench sweep --resume` goes on, recording the job it was "
                 "running as failed (`--resume --rerun-failed` runs it again)")  # fmt: skip
 

@@ -107,6 +107,7 @@ def mlflow_store_template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     spec.loader.exec_module(site)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(site.TEMPLATE_VARIABLE, str(template))
-        patch.setenv("PYTHONPATH", os.pathsep.join([str(MLFLOW_TEMPLATE_SITE), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        patch.setenv("PYTHONPATH",
+                     os.pathsep.join([str(MLFLOW_TEMPLATE_SITE), *filter(None, [os.environ.get("PYTHONPATH")])]))
         site.install()
         yield template

@@ -33,7 +33,8 @@ def cnn(path: Path) -> None:
     nodes = [helper.make_node("Conv", ["pixels", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
              helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fcb"], ["scores"])]  # fmt: skip
-    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, SIDE, SIDE])],
+    graph = helper.make_graph(nodes, "cnn",
+                              [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, SIDE, SIDE])],
                               [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -50,7 +51,8 @@ def write_image_project(root: Path, cells: list[str], labels: list[int], **recip
         "data": {"path": "rows.parquet", "label": "label",
                  "inputs": {"file": {"image": {"root": "images", "mean": MEAN, "std": STD}}},
                  "calibration": {"samples": 8}},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
         "gate": {"metric": "agreement", "max_drop": 1.0}, "output_dir": str(root / "reports"), **recipe_options,
     }  # fmt: skip

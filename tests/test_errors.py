@@ -162,7 +162,8 @@ def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeyp
 @pytest.mark.parametrize(("error", "describing", "said"), [
     (MemoryError(), MemoryError(), "MemoryError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
     (SystemError(), MemoryError(), "SystemError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
-    (MemoryError(), RuntimeError("str failed"), "MemoryError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
+    (MemoryError(), RuntimeError("str failed"),
+     "MemoryError (out of memory; ulimit -v lets this process map at most 200 MiB)"),
     (ValueError("x"), RuntimeError("str failed"), "ValueError"),  # nothing says memory ran short: the type alone
 ])  # fmt: skip
 def test_the_last_words_name_the_memory_limit_when_describing_the_error_ran_out_of_memory(

@@ -107,7 +107,8 @@ def test_a_model_with_nothing_to_quantize_leaves_the_users_model_folder_untouche
     models = tmp_path / "models"
     models.mkdir()
     graph = helper.make_graph(
-        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["n"]), helper.make_node("Sub", ["a", "n"], ["scores"])],
+        [helper.make_node("Abs", ["x"], ["a"]), helper.make_node("Neg", ["x"], ["n"]),
+         helper.make_node("Sub", ["a", "n"], ["scores"])],
         "nothing", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 3])],
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["b", 3])],
     )  # fmt: skip
@@ -151,7 +152,8 @@ def test_a_fallback_over_every_node_leaves_the_users_model_and_keeps_one_node_in
     """Dynamic INT8 quantizes the 4 MatMuls, fewer than max_excluded (8): ranking with 8 nodes in FP32 rebuilt the
     try with every node float, which is the recipe's own model, and deleted it afterwards. No step may keep every
     node float (that is the FP32 model), and no file of the user's is touched."""
-    variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"], "fallback": {"until": "gate"}}
+    variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"],
+               "fallback": {"until": "gate"}}  # fmt: skip
     outcome, result = _sweep(tmp_path, variant, fragile=("a",))
     assert (tmp_path / "model.onnx").is_file()
     steps = result.params["search.steps"]
@@ -165,7 +167,8 @@ def test_a_step_that_keeps_every_quantized_node_float_is_never_a_pass(tmp_path):
     FP32 leaves an FP32 graph (its Gemm a MatMul + Add). That step 'passed' and the gate exited 0; the fallback now
     stops one node short of all, so the tolerance is unreachable and the gate fails the INT8 try."""
     variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "fallback": {"until": "gate"}}
-    path = write_fragile_project(tmp_path, [variant], gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})
+    path = write_fragile_project(tmp_path, [variant],
+                                 gate={"metric": "agreement", "max_drop": 0.0, "max_slice_drop": 0.0})  # fmt: skip
     one_gemm_model(tmp_path / "model.onnx")
     outcome = run_sweep(load_recipe(path), track=False)
     result = outcome.results.find("int8", "onnxruntime-cpu")

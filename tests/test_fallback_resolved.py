@@ -32,7 +32,8 @@ def _result(name: str, p50_ms: float = 1.0) -> VariantResult:
     variant = "fp32" if name == "fp32" else "int8"
     return VariantResult(variant=variant, backend="cpu", precision=variant, status="ok",
                          accuracy=AccuracyResult(rows=ROWS, nonfinite_outputs=0, overall=overall),
-                         latency=LatencyResult(threads=1, session_create_ms=1.0, first_run_ms=1.0, points=(point,)))  # fmt: skip
+                         latency=LatencyResult(threads=1, session_create_ms=1.0, first_run_ms=1.0,
+                                               points=(point,)))  # fmt: skip
 
 
 def _search(unresolved: str = "fail", calibrator: str = "auto") -> fallback._Search:
@@ -136,6 +137,7 @@ def test_the_fallback_counts_the_inputs_of_the_rows_its_tries_are_judged_on(monk
     reference = _result("fp32")
     gate = GateSpec(metric="cosine", max_drop=0.005, max_slice_drop=0.01)
     prepared = SimpleNamespace(recipe=SimpleNamespace(gate=gate))
-    search = fallback._Search(SimpleNamespace(name="int8"), SimpleNamespace(workdir=Path(".")), None, prepared, reference)
+    search = fallback._Search(SimpleNamespace(name="int8"), SimpleNamespace(workdir=Path(".")), None, prepared,
+                              reference)  # fmt: skip
     assert search.distinct_inputs == {"overall": 8}
     assert search.judged(_result("clear")).unresolved

@@ -32,7 +32,8 @@ def together_model(path: Path) -> Path:
     side_scale[0], side[0, :] = MILD, side[0, :] / MILD
     weights = {"w1": rng.normal(size=(WIDTH, WIDTH)) / 4, "s": scale, "wb": branch, "ss": side_scale, "ws": side,
                "w3": rng.normal(size=(WIDTH, 4)) / 4, "one": np.ones(1)}  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"), helper.make_node("Relu", ["h1"], ["r0"], name="relu"),
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
+             helper.make_node("Relu", ["h1"], ["r0"], name="relu"),
              helper.make_node("Add", ["r0", "one"], ["r1"], name="shift")]  # fmt: skip
     for b in ("a", "b"):
         nodes += [helper.make_node("Mul", ["r1", "s"], [f"o_{b}"], name=f"scale_{b}"),

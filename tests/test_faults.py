@@ -205,7 +205,8 @@ def test_the_gate_prefers_the_newest_recorded_run_and_refuses_an_incomplete_one(
     said = " ".join(capsys.readouterr().err.split())
     assert f"{late}, is incomplete (running): wait for it to finish, or judge an older run with --results FILE" in said
     # the same run whose sweep process is gone from this machine: killed, and the way to finish it
-    marker = {"started_at": "2999-01-01T00:00:00+00:00", "state": "running", "pid": 2**22 + 1, "host": socket.gethostname()}
+    marker = {"started_at": "2999-01-01T00:00:00+00:00", "state": "running", "pid": 2**22 + 1,
+              "host": socket.gethostname()}  # fmt: skip
     (late / INCOMPLETE_MARKER).write_text(json.dumps(marker))
     assert main(["gate", str(recipe)]) == 2
     said = " ".join(capsys.readouterr().err.split())

@@ -20,7 +20,8 @@ def _called_twice(path: Path, *, external: bool = False) -> Path:
     """y = Block(Block(x, w), w), Block(a, w) = Relu(a @ w) * 2 (the 2 a Constant inside the function)."""
     block = helper.make_function(
         "local", "Block", ["a", "w"], ["out"],
-        [helper.make_node("MatMul", ["a", "w"], ["m"], name="matmul"), helper.make_node("Relu", ["m"], ["r"], name="relu"),
+        [helper.make_node("MatMul", ["a", "w"], ["m"], name="matmul"),
+         helper.make_node("Relu", ["m"], ["r"], name="relu"),
          helper.make_node("Constant", [], ["two"], name="two", value=numpy_helper.from_array(np.array(2, np.float32))),
          helper.make_node("Mul", ["r", "two"], ["out"], name="mul")],
         [helper.make_opsetid("", 17)],
@@ -123,11 +124,13 @@ def test_inlined_nodes_are_named_after_their_call_site_nested_calls_and_subgraph
     site `/encoder/layer.1/Block` a user reads in the model was gone, so `exclude_nodes` could not name a layer and
     `explain --group layer` grouped nothing. Each inlined node is now `<call site>/<node>`, nested calls and calls
     inside an If branch alike, and the model computes what it did."""
-    inner = helper.make_function("local", "Inner", ["a", "w"], ["out"], [helper.make_node("MatMul", ["a", "w"], ["out"], name="mm")],
+    inner = helper.make_function("local", "Inner", ["a", "w"], ["out"],
+                                 [helper.make_node("MatMul", ["a", "w"], ["out"], name="mm")],
                                  [helper.make_opsetid("", 17)])  # fmt: skip
     outer = helper.make_function(
         "local", "Outer", ["a", "w"], ["out"],
-        [helper.make_node("Inner", ["a", "w"], ["m"], domain="local", name="inner"), helper.make_node("Relu", ["m"], ["out"])],
+        [helper.make_node("Inner", ["a", "w"], ["m"], domain="local", name="inner"),
+         helper.make_node("Relu", ["m"], ["out"])],
         [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
     )  # fmt: skip
     then = helper.make_graph([helper.make_node("Outer", ["h", "w"], ["t"], domain="local", name="/head")], "then", [],

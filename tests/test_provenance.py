@@ -101,7 +101,8 @@ def test_gone_external_data_is_missing_against_the_current_recipe(project: Path)
     check = changed_inputs(recorded, input_files(recipe))
     assert check.changed == ()
     assert check.missing == (f"model external data weights.bin ({project.parent / 'weights.bin'})",)
-    with pytest.raises(QbenchError, match=r"model\.path: ONNX model .*model\.onnx keeps its weights in 'weights\.bin', not found"):
+    with pytest.raises(QbenchError,
+                       match=r"model\.path: ONNX model .*model\.onnx keeps its weights in 'weights\.bin', not found"):
         input_digests(recipe)
 
 

@@ -116,7 +116,8 @@ def test_gate_registers_the_fastest_passing_variant_and_only_a_pass_moves_the_al
     # another winner (here: the other variant made fastest at batch 1) is a new version, and the alias moves to it
     other = next(v.variant for v in candidates if v.variant != winner.variant)
     results = _latency_swapped(swept.results, fast_at_1=other, fast_at_4=winner.variant)
-    (entry,) = register_best(recipe, results, evaluate_gate(results, recipe.gate), swept.run_dir, RegistrySpec(model=MODEL))
+    (entry,) = register_best(recipe, results, evaluate_gate(results, recipe.gate), swept.run_dir,
+                             RegistrySpec(model=MODEL))  # fmt: skip
     assert (entry.variant, entry.version, entry.existing) == (other, "2", False)
     assert client.get_model_version_by_alias(MODEL, "candidate").version == "2"
 
@@ -181,7 +182,8 @@ def test_no_fastest_passing_variant_is_picked_across_kinds_of_timing_machine() -
     gpu = [make_variant("fp32", "fp32", backend="onnxruntime-cuda", p50_by_batch={1: 0.5}),
            make_variant("fp16", "fp16", backend="onnxruntime-cuda", p50_by_batch={1: 0.3}),
            make_variant("fp8_e4m3", "fp8", backend="onnxruntime-cuda", p50_by_batch={1: 0.2})]  # fmt: skip
-    gpu = [dataclasses.replace(v, latency=dataclasses.replace(v.latency, machine=fast if v.precision == "fp8" else slow))
+    gpu = [dataclasses.replace(v,
+                               latency=dataclasses.replace(v.latency, machine=fast if v.precision == "fp8" else slow))
            for v in gpu]  # fmt: skip
     results = make_sweep([*default_variants(), *gpu])
     gate = evaluate_gate(results, PICKING)

@@ -180,7 +180,8 @@ def test_selection_rows_keep_labels_and_slices():
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
                           "kind": ["a", "a", "b", "b", "a", "b"]})  # fmt: skip
-    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "slices": [{"by": "kind"}]})
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                    "slices": [{"by": "kind"}]})  # fmt: skip
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     split = CalibrationSplit(np.array([1]), np.array([0, 3, 5]), 2)
     got = selection_rows(data, table, split, {}, judged=["kind=b"], model_inputs=meta,
@@ -210,10 +211,12 @@ def test_under_keep_the_selection_rows_judge_the_missing_slices_the_gate_judges(
     from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = _nan_table()
-    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "nonfinite_inputs": "keep"})
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                    "nonfinite_inputs": "keep"})  # fmt: skip
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     rows = np.array([1, 2, 4, 5, 9])
-    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), nonfinite_masks(table, data.inputs), judged=["missing:x"], model_inputs=meta,
+    got = selection_rows(data, table, CalibrationSplit(np.array([0]), rows, 0), nonfinite_masks(table, data.inputs),
+                         judged=["missing:x"], model_inputs=meta,
                          labels=lambda t, r: t["label"].to_numpy()[r], recipe_file=Path("r.yaml"))  # fmt: skip
     assert got is not None and list(got.slices) == ["missing:x"]
     assert got.slices["missing:x"].tolist() == nonfinite_masks(table, data.inputs)["x"][rows].tolist()
@@ -270,7 +273,8 @@ def test_selection_rows_read_the_missing_slices_from_the_masks_given_without_sca
     from qbench.selection_rows import CalibrationSplit, selection_rows
 
     table = _nan_table()
-    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "nonfinite_inputs": "keep"})
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                    "nonfinite_inputs": "keep"})  # fmt: skip
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     masks = nonfinite.nonfinite_masks(table, data.inputs)
     scans = []
@@ -317,7 +321,8 @@ def test_a_judged_slice_none_of_the_selection_rows_fall_in_is_named_where_the_ch
 
     table = pd.DataFrame({"x": list(np.arange(12, dtype=np.float32).reshape(6, 2)), "label": [0, 1, 0, 1, 0, 1],
                           "kind": ["a", "a", "b", "b", "a", "b"]})  # fmt: skip
-    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label", "slices": [{"by": "kind"}]})
+    data = DataSpec.model_validate({"path": "t.parquet", "inputs": {"x": "x"}, "label": "label",
+                                    "slices": [{"by": "kind"}]})  # fmt: skip
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     got = selection_rows(data, table, CalibrationSplit(np.array([0]), np.array([2, 3, 5]), 0), {},
                          judged=["kind=a", "kind=b"], model_inputs=meta, labels=lambda t, rows: t["label"].to_numpy()[rows],

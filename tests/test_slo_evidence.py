@@ -74,9 +74,11 @@ def test_the_reference_is_not_the_cheapest_where_its_budgets_rate_could_not_be_t
     fp32 = results.find("fp32", "onnxruntime-cpu")
     gate = evaluate_gate(results, GATE, slo=SLO)
     met = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=_load(6.0), usd_per_million={"max_rate": 0.01})
-    untold = (replace(met, at_rate_undecided=True), replace(met, served_at_rate=replace(_load(6.0), keep_up_undecided="x")))
+    untold = (replace(met, at_rate_undecided=True),
+              replace(met, served_at_rate=replace(_load(6.0), keep_up_undecided="x")))  # fmt: skip
     for serving, name in ((met, "fp32"), *((s, "int8-fast") for s in untold)):
-        judged = replace(results, variants=tuple(replace(v, serving=serving) if v is fp32 else v for v in results.variants))
+        judged = replace(results,
+                         variants=tuple(replace(v, serving=serving) if v is fp32 else v for v in results.variants))
         assert cheapest(judged, gate).variant.variant == name
 
 

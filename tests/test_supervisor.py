@@ -17,10 +17,11 @@ from qbench.supervisor import DIED_FILE, cause
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _supervised(tmp_path: Path, child_code: str) -> subprocess.Popen[str]:
-    """A parent running `supervise([])` over a child module holding `child_code`."""
+def _supervised(tmp_path: Path, child_code: str, args: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """A parent running `supervise(args)` over a child module holding `child_code`."""
     (tmp_path / "qbench_test_child.py").write_text(child_code)
-    parent = "import sys, qbench.supervisor as s\ns.CHILD_MODULE = 'qbench_test_child'\nsys.exit(s.supervise([]))\n"
+    parent = ("import sys, qbench.supervisor as s\ns.CHILD_MODULE = 'qbench_test_child'\n"
+              f"sys.exit(s.supervise({list(args)!r}))\n")  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)])}
     return subprocess.Popen([sys.executable, "-c", parent], env=env, stderr=subprocess.PIPE, text=True)
 
@@ -125,7 +126,8 @@ def test_a_signal_passed_on_to_the_sweep_leaves_no_record_of_a_death(tmp_path):
 def test_a_finished_sweep_leaves_no_record_of_a_death(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
-    parent = _supervised(tmp_path, "import sys\nfrom qbench.supervisor import announce_exit, announce_run, start_child\n"
+    parent = _supervised(tmp_path,
+                         "import sys\nfrom qbench.supervisor import announce_exit, announce_run, start_child\n"
                                    f"start_child()\nannounce_run({str(run)!r})\nannounce_exit(2)\nsys.exit(2)\n")  # fmt: skip
     parent.communicate(timeout=60)
     assert parent.returncode == 2 and not (run / DIED_FILE).exists()
@@ -188,3 +190,86 @@ def test_the_child_runs_with_the_interpreter_options_the_command_was_given(tmp_p
                           env=env, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 2
     assert "child True 1 ['default', 'error::DeprecationWarning']" in done.stderr.splitlines()  # as in the parent
+
+
+_SWEEP = """import json, os, signal, sys
+from pathlib import Path
+from qbench.supervisor import announce_exit, announce_run, start_child
+start_child()
+log = Path({log!r})
+attempt = len(log.read_text().splitlines()) if log.exists() else 0
+with log.open("a") as lines:
+    lines.write(" ".join(sys.argv[1:]) + "\\n")
+run = Path({runs!r}) / str(attempt)
+(run / "jobs").mkdir(parents=True)
+announce_run(run)
+job = {jobs!r}[attempt]
+if job == "finish":
+    announce_exit(0)
+    sys.exit(0)
+if job is not None:
+    (run / "jobs" / f"{{job}}.started").write_text(json.dumps({{"job": job, "attempts": 1}}))
+os.kill(os.getpid(), {signum})
+"""
+
+
+def _sweep_dying(tmp_path: Path, jobs: list[str | None], signum: int = signal.SIGSEGV, args: tuple[str, ...] = ("sweep",)
+                 ) -> tuple[int, list[str], list[str]]:  # fmt: skip
+    """A supervised sweep whose attempt N dies of `signum` in the job jobs[N] (None: outside every job), or finishes
+    (exit 0) where jobs[N] is 'finish': its exit code, stderr lines, and each attempt's arguments."""
+    log = tmp_path / "attempts.log"
+    parent = _supervised(tmp_path, _SWEEP.format(log=str(log), runs=str(tmp_path / "runs"), jobs=jobs,
+                                                 signum=int(signum)), args)  # fmt: skip
+    _, stderr = parent.communicate(timeout=120)
+    return parent.returncode, stderr.strip().splitlines(), log.read_text().splitlines()
+
+
+def test_a_sweep_dying_in_a_job_goes_on_as_a_resume_once_per_job_until_it_finishes(tmp_path):
+    code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "measure:c", "finish"],
+                                          args=("sweep", "r.yaml", "--gate"))  # fmt: skip
+    assert attempts == ["sweep r.yaml --gate"] + ["sweep r.yaml --gate --resume"] * 3
+    going_on = [line for line in stderr if "going on with the other jobs" in line]
+    assert [line.split(" died running ")[1].split(": segmentation fault")[0] for line in going_on] == [
+        "measure:a", "build:b", "measure:c"]
+    assert all(json.loads((tmp_path / "runs" / str(n) / DIED_FILE).read_text())["cause"].startswith("segmentation")
+               for n in range(3))  # fmt: skip
+    assert code == 2  # the last one finished with exit 0: a variant that crashed is no pass
+    assert stderr[-1].startswith("qbench: error: the sweep went on after its process died in measure:a (segmentation "
+                                 "fault (SIGSEGV) inside a native library); build:b (")  # fmt: skip
+
+
+def test_a_resume_dying_in_the_job_it_died_in_before_ends_the_command(tmp_path):
+    """No progress: each resume must record one more job; the same job again (a --resume that ran it again) stops."""
+    code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "measure:a", "finish"])
+    assert code == 2 and len(attempts) == 2
+    assert stderr[-1].startswith("qbench: error: the `qbench sweep` process died: segmentation fault (SIGSEGV)")
+    assert "`qbench sweep --resume` goes on, recording the job it was running as failed" in stderr[-1]
+
+
+def test_a_sweep_dying_outside_every_job_ends_the_command(tmp_path):
+    """Opening the sweep's tracking or writing its reports, no job is to blame, and a resume would most likely die at
+    the same place: it is not started."""
+    code, stderr, attempts = _sweep_dying(tmp_path, [None, "finish"])
+    assert code == 2 and len(attempts) == 1
+    assert "it died outside every job of its own process" in stderr[-1] and "does not go on by itself" in stderr[-1]
+
+
+@pytest.mark.parametrize(("signum", "goes_on"), [(signal.SIGKILL, True), (signal.SIGABRT, True), (signal.SIGBUS, True),
+                                                 (signal.SIGTERM, False), (signal.SIGUSR1, False)])  # fmt: skip
+def test_the_sweep_goes_on_after_a_native_fault_or_the_out_of_memory_killer_only(tmp_path, signum, goes_on):
+    """SIGTERM or another signal this process did not pass on was sent by someone to the sweep's process alone: that
+    asks it to stop, not to go on."""
+    code, _, attempts = _sweep_dying(tmp_path, ["measure:a", "finish"], signum=signum)
+    assert code == 2 and len(attempts) == (2 if goes_on else 1)
+
+
+def test_stop_on_crash_ends_the_command_at_the_first_crash(tmp_path):
+    code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "finish"], args=("sweep", "r.yaml", "--stop-on-crash"))
+    assert code == 2 and attempts == ["sweep r.yaml --stop-on-crash"]
+    assert "`qbench sweep --resume` goes on" in stderr[-1]
+
+
+def test_a_resume_of_failed_jobs_after_a_crash_is_told_which_jobs_died_in_this_command(tmp_path):
+    _, _, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "finish"], args=("sweep", "--resume", "--rerun-failed"))
+    assert attempts == ["sweep --resume --rerun-failed", "sweep --resume --rerun-failed --keep-failed measure:a",
+                        "sweep --resume --rerun-failed --keep-failed measure:a --keep-failed build:b"]  # fmt: skip

@@ -42,7 +42,7 @@ from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
 from qbench.startup import uncollected_setup
-from qbench.supervisor import address_space_note, supervised
+from qbench.supervisor import KEEP_FAILED, STOP_ON_CRASH, address_space_note, supervised
 
 if TYPE_CHECKING:
     from qbench.results.schema import SweepResults
@@ -57,11 +57,16 @@ app = typer.Typer(
 RecipeArg = Annotated[Path, typer.Argument(help="recipe YAML file", show_default=False)]
 
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="print every check, not only the breaches")]
-JunitOption = Annotated[Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check; - for stdout)")]
-JsonOption = Annotated[Optional[Path], typer.Option("--json", help="write the machine-readable gate report (- for stdout)")]
+JunitOption = Annotated[
+    Optional[Path], typer.Option("--junit", help="write JUnit XML (a test case per check; - for stdout)")
+]
+JsonOption = Annotated[
+    Optional[Path], typer.Option("--json", help="write the machine-readable gate report (- for stdout)")
+]
 RegisterOption = Annotated[
     Optional[str], typer.Option("--register", help="on a pass, register each backend's fastest passing variant as "
-                                "a version of this MLflow model (over the recipe's registry.model)", show_default=False)  # fmt: skip
+                                "a version of this MLflow model (over the recipe's registry.model)",
+                                show_default=False)  # fmt: skip
 ]
 AliasOption = Annotated[
     Optional[str], typer.Option("--alias", help="alias pointed at the registered version (over registry.alias; "
@@ -94,12 +99,20 @@ def sweep(
     ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="reuse stored builds and the finished jobs of the last interrupted run, "
-                                 "or of the last finished one whose failed jobs failed for reasons outside the variants")
+                                 "or of the last finished one whose failed jobs failed for reasons outside the "
+                                 "variants")
     ] = False,
     rerun_failed: Annotated[
         bool, typer.Option("--rerun-failed", help="with --resume (or --plan): also run again the jobs that failed for "
                                  "their variant's own reason, once their cause is fixed outside the recipe and inputs")
     ] = False,
+    stop_on_crash: Annotated[  # read by the supervising process (qbench.supervisor), which resumes a crashed sweep
+        bool, typer.Option(STOP_ON_CRASH, help="end the command when the sweep's process crashes in a job (a native "
+                           "library's fault, the out-of-memory killer) instead of going on without that job")
+    ] = False,
+    keep_failed: Annotated[  # the supervising process's resume after a crash: the jobs that died in this command
+        Optional[list[str]], typer.Option(KEEP_FAILED, hidden=True)
+    ] = None,
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
 
@@ -134,7 +147,8 @@ def sweep(
                 print_plan(loaded, rerun_failed=rerun_failed)
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
-            outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed)
+            outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed,
+                                keep_failed=frozenset(keep_failed or ()))
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:
@@ -169,10 +183,12 @@ def _measured_everything(results: SweepResults) -> int:
 @app.command()
 def validate(
     recipe: RecipeArg,
-    track: Annotated[bool, typer.Option("--track/--no-track",
-                                        help="check the tracking store too (--no-track: for a sweep run with it)")] = True,
+    track: Annotated[bool, typer.Option(
+        "--track/--no-track", help="check the tracking store too (--no-track: for a sweep run with it)"
+    )] = True,
 ) -> int:
-    """Check a recipe against its model, data and backends: FP32 runs a few rows on each backend; no variant is built."""
+    """Check a recipe against its model, data and backends: FP32 runs a few rows on each backend; no variant is
+    built."""
     from qbench.backends import get_backend
     from qbench.gate.report import plural
     from qbench.preflight.prepare import prepare
@@ -246,9 +262,13 @@ def explain(
     recipe: RecipeArg,
     variant: Annotated[str, typer.Option("--variant", help="the INT8 variant to explain", show_default=False)],
     method: Annotated[str, typer.Option(help="leave_one_out | one_at_a_time | sqnr")] = "leave_one_out",
-    group: Annotated[str, typer.Option(help="rank by node | op_type | layer | pattern (a role in every layer)")] = "node",
+    group: Annotated[
+        str, typer.Option(help="rank by node | op_type | layer | pattern (a role in every layer)")
+    ] = "node",
     top: Annotated[int, typer.Option(min=1, help="rows shown and plotted")] = 20,
-    max_nodes: Annotated[Optional[int], typer.Option(min=1, help="measure only the N noisiest groups (by SQNR)")] = None,
+    max_nodes: Annotated[
+        Optional[int], typer.Option(min=1, help="measure only the N noisiest groups (by SQNR)")
+    ] = None,
     track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
 ) -> int:
     """Rank an INT8 variant's quantized nodes by what each costs the gate metric, overall and on the worst slice."""
@@ -390,7 +410,8 @@ def list_registered() -> int:
 
     techniques = [(n, TECHNIQUES.get(n).config.precisions) for n in TECHNIQUES.names()]
     out.print("techniques:  " + ", ".join(f"{n} ({'/'.join(p)})" for n, p in techniques))
-    out.print("calibrators: " + ", ".join(f"{n} ({'/'.join(CALIBRATORS.get(n).precisions)})" for n in CALIBRATORS.names()))
+    calibrators = [f"{n} ({'/'.join(CALIBRATORS.get(n).precisions)})" for n in CALIBRATORS.names()]
+    out.print("calibrators: " + ", ".join(calibrators))
     out.print(f"backends:    {', '.join(BACKENDS.names())}")
     out.print(f"tasks:       {', '.join(TASKS.names())}")
     for task in TASKS.names():
@@ -419,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     with forgiving_standard_streams():
         try:
             return _run(args, debug=debug)
-        except BaseException as exc:  # noqa: BLE001 - saying what went wrong failed too: Python's own exit would be 1, a breach
+        except BaseException as exc:  # noqa: BLE001 - saying what went wrong failed too: Python's exit 1 is a breach
             _last_words(exc)
             return EXIT_ERROR
 

@@ -53,7 +53,8 @@ class GateOutput:
 
     def on_stdout(self) -> bool:
         """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document."""
-        if self.junit is not None and self.json_path is not None and names_stdout(self.junit) and names_stdout(self.json_path):  # fmt: skip
+        if (self.junit is not None and self.json_path is not None
+                and names_stdout(self.junit) and names_stdout(self.json_path)):  # fmt: skip
             raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at most "
                               "one report there")  # fmt: skip
         return any(path is not None and names_stdout(path) for path in (self.junit, self.json_path))
@@ -215,7 +216,8 @@ def tag_tracked_runs(asked: Recipe | None, judged: SweepResults, results_path: P
     from qbench.runs import may_be_tracked
     from qbench.track.uri import run_store_uri, store_absent
 
-    if asked is None or not may_be_tracked(results_path.parent) or store_absent(run_store_uri(asked, results_path.parent)):
+    run_folder = results_path.parent
+    if asked is None or not may_be_tracked(run_folder) or store_absent(run_store_uri(asked, run_folder)):
         return
     from qbench.track.saved import tag_gate_verdict
 

@@ -162,7 +162,8 @@ def evaluation_rows(
     masks = slice_masks(table, data.slices, recipe_file=recipe_file, inputs=data.inputs, evaluation_rows=rows)
     if data.nonfinite_inputs == "keep":
         masks = _with_missing_slices(table, masks, missing_slices(rows, nonfinite), recipe_file=recipe_file)
-    check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file, policy=data.nonfinite_inputs)
+    check_finite(table, rows, nonfinite, masks, what="evaluation", recipe_file=recipe_file,
+                 policy=data.nonfinite_inputs)  # fmt: skip
     fed = data.fed_columns  # a column missing is named where the feeds are built
     digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread,
                                              dtypes=dtypes), rows, fed)
@@ -302,5 +303,6 @@ def finite_rows(
     kept, counts = drop_nonfinite(rows, nonfinite)
     if len(kept) == 0:
         shown = ", ".join(f"{column}: {n}" for column, n in counts.items())
-        raise RecipeError(recipe_file, "data.nonfinite_inputs", f"every {what} row holds NaN or inf in an input column ({shown})")
+        raise RecipeError(recipe_file, "data.nonfinite_inputs",
+                          f"every {what} row holds NaN or inf in an input column ({shown})")  # fmt: skip
     return kept, counts

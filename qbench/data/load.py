@@ -129,7 +129,8 @@ def _struct_fields(df: pd.DataFrame) -> pd.DataFrame:
                 raise ValueError(f"column {column!r} holds structs whose field {key!r} is also a column named "
                                  f"{name!r}; expected one column of each name")  # fmt: skip
             values = [cell.get(key) if isinstance(cell, dict) else None for cell in cells]
-            columns[name] = pd.Series(values, index=df.index, dtype=None if any(v is not None for v in values) else object)
+            columns[name] = pd.Series(values, index=df.index,
+                                      dtype=None if any(v is not None for v in values) else object)  # fmt: skip
             pending.append(name)
             added = True
     return pd.concat(columns, axis=1) if added else df
@@ -198,7 +199,8 @@ def _decimals_as_numbers(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _read_parquet_folder(path: Path, text_columns: Collection[str] = ()) -> pd.DataFrame:
-    return read_parquet_folder(path, read_part=_read_parquet, text_as_numbers=text_as_numbers, text_columns=text_columns)
+    return read_parquet_folder(path, read_part=_read_parquet, text_as_numbers=text_as_numbers,
+                               text_columns=text_columns)  # fmt: skip
 
 
 def _read_json_lines(path: Path, encoding: str | None = None) -> pd.DataFrame:

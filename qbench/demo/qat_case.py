@@ -45,7 +45,8 @@ def massive_activation_cnn() -> torch.nn.Module:
     nn = _import_torch().nn
     layers = list(digits_cnn())
     last_conv, head = layers[int(LAST_CONV)], layers[int(HEAD)]
-    layers[int(LAST_CONV)] = nn.Conv2d(last_conv.in_channels, last_conv.out_channels + 1, kernel_size=3, stride=2, padding=1)
+    layers[int(LAST_CONV)] = nn.Conv2d(last_conv.in_channels, last_conv.out_channels + 1, kernel_size=3, stride=2,
+                                       padding=1)  # fmt: skip
     layers[int(HEAD)] = nn.Linear(head.in_features + POSITIONS, head.out_features)
     return nn.Sequential(*layers)
 

@@ -55,14 +55,12 @@ from qbench.files import replace_atomically, write_atomically
 from qbench.results.evidence import RECORDED, evidence_from_dict
 from qbench.results.schema import VariantResult, canonical_sha256, to_jsonable, variant_from_dict
 from qbench.runs import RunFolder, describe_run, ran_supervised, running_here
-from qbench.supervisor import DIED_FILE
+from qbench.supervisor import DIED_FILE, JOBS_FOLDER, STARTED
 
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
-JOBS_FOLDER = "jobs"
 RECORD_DIGEST = "digest"  # sha256 of the record's canonical JSON without this field
-STARTED = ".started"
 RESUMES = "resumes"  # plan.json: the name of the run folder this run resumes
 PROJECT_MODULES = "project_modules"  # plan.json: input name -> sha256 of each project module the recipe's code imported
 
@@ -150,7 +148,8 @@ def record_measure(
         "evidence": list(RECORDED),
     }
     if outputs is not None:
-        replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz", lambda temporary: np.savez(temporary, **outputs),
+        replace_atomically(run_dir / JOBS_FOLDER / f"{name}.outputs.npz",
+                           lambda temporary: np.savez(temporary, **outputs),
                            what="the reference outputs", suffix=".npz")  # fmt: skip
         content["outputs"] = f"{name}.outputs.npz"
         content["outputs_sha256"] = file_sha256(run_dir / JOBS_FOLDER / f"{name}.outputs.npz")

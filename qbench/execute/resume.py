@@ -84,8 +84,9 @@ def decide_build(record: JobRecord | None, stored: dict[str, Any] | None, run: s
         return Decision(RERUN, f"failed in {run} for a reason outside the variant ({record.environment})")
     if rerun_failed:
         return Decision(RERUN, f"failed in {run}, run again (--rerun-failed): {_error(record.error)}")
-    return Decision(REUSE, f"failed in {run} for the variant's own reason, which would fail again: {_error(record.error)}",
-                    failed=True)
+    return Decision(REUSE,
+                    f"failed in {run} for the variant's own reason, which would fail again: {_error(record.error)}",
+                    failed=True)  # fmt: skip
 
 
 def measured_with(backend: str, threads: int | None) -> dict[str, str]:

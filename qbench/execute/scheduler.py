@@ -119,8 +119,9 @@ class Scheduler:
 
     # -- the loop ----------------------------------------------------------------------------------
 
-    def run(self, *, resume: bool = False, resume_from: Path | None = None, rerun_failed: bool = False) -> PlanRun:
-        reused = self._resume(resume_from, rerun_failed) if resume else 0
+    def run(self, *, resume: bool = False, resume_from: Path | None = None, rerun_failed: bool = False,
+            keep_failed: frozenset[str] = frozenset()) -> PlanRun:  # fmt: skip
+        reused = self._resume(resume_from, rerun_failed, keep_failed) if resume else 0
         pending = [job for job in self.plan.jobs if job.id not in self.state.done]
         logger.info("%d jobs (%d to run) on %s", len(self.plan.jobs), len(pending), self.executor.where())
         try:
@@ -297,7 +298,8 @@ class Scheduler:
         from signals): a signal before `_finish` then leaves it for `--resume`, which reuses it as it reuses any
         record (the same plan, the same build's model digest, read back whole)."""
         self._ran(job_id, output)
-        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs, output.environment,
+        self._record_measure(self.plan.job(job_id), self._local_paths(output.result), output.outputs,
+                             output.environment,
                              output.measured_with)  # fmt: skip
         self.state.recorded.add(job_id)
 
@@ -384,10 +386,10 @@ class Scheduler:
 
     # -- resume ------------------------------------------------------------------------------------
 
-    def _resume(self, folder: Path | None, rerun_failed: bool) -> int:
+    def _resume(self, folder: Path | None, rerun_failed: bool, keep_failed: frozenset[str]) -> int:
         """Take over the builds in the store and the still-valid finished jobs of `folder` (the rules of
-        qbench.execute.resume, which `qbench sweep --plan` shows; `rerun_failed`: its failed jobs run again);
-        returns how many."""
+        qbench.execute.resume, which `qbench sweep --plan` shows; `rerun_failed`: its failed jobs run again, but for
+        those in `keep_failed`); returns how many."""
         records = read_records(folder) if folder is not None else {}
         reference = model_sha256(self.prepared.source.onnx_path)  # builds from another FP32 model are not reused
         name = folder.name if folder is not None else ""
@@ -397,15 +399,17 @@ class Scheduler:
         reused = 0
         for job in self.plan.jobs:
             record = records.get(job.id)
+            again = rerun_failed and job.id not in keep_failed
             if job.kind == "build":
                 facts = build_facts(self.prepared.recipe, self.specs[job.variant])  # this machine's, for the key's build
                 stored = self.store.reusable(job.build_key, facts, reference)
-                builds[job.variant] = decision = decide_build(record, stored, name, rerun_failed=rerun_failed)
+                builds[job.variant] = decision = decide_build(record, stored, name, rerun_failed=again)
                 if stored is not None:
                     self._built(job, BuildOutput(job.variant, stored, where="the build store"))
                 elif decision.reused:  # the variant's own failure: built again, it would fail again
                     assert record is not None
-                    self._built(job, BuildOutput(job.variant, None, record.error or record.died, where="an earlier run"))
+                    self._built(job,
+                                BuildOutput(job.variant, None, record.error or record.died, where="an earlier run"))
                 reused += decision.reused
                 continue
             built = self.state.built.get(job.variant)
@@ -414,7 +418,7 @@ class Scheduler:
                 record, name, build=builds[job.variant],
                 built_sha256=model_sha256(built.onnx_path) if built is not None else None,
                 needs_outputs=job.id == self.reference_job, current=self._measured_with(job),
-                reference_again=reference_again(job, self.plan, measures), rerun_failed=rerun_failed, ran_file=ran_file,
+                reference_again=reference_again(job, self.plan, measures), rerun_failed=again, ran_file=ran_file,
                 code=code(record))
             if decision.reused and record is not None and record.died is not None and not builds[job.variant].failed:
                 died = failed_result(self.state.built[job.variant], get_backend(str(job.backend)), record.died)
@@ -460,14 +464,15 @@ def _measured_by(folder: Path) -> str:
 
 def run_plan(plan: SweepPlan, prepared: Prepared, executor: Executor, store: BuildStore, progress: SweepProgress,
              run_dir: Path, clock: PhaseClock, *, retries: int, resume: bool = False,
-             resume_from: Path | None = None, rerun_failed: bool = False) -> PlanRun:  # fmt: skip
+             resume_from: Path | None = None, rerun_failed: bool = False, keep_failed: frozenset[str] = frozenset(),
+             ) -> PlanRun:  # fmt: skip
     """Run every job of `plan` (see the module docstring); the executor is closed when this returns.
 
     With `resume`, builds already in the store and the finished jobs of `resume_from` are reused (with
-    `rerun_failed`, not its failed ones)."""
+    `rerun_failed`, not its failed ones but for those in `keep_failed`)."""
     started = time.perf_counter()
     try:
         scheduler = Scheduler(plan, prepared, executor, store, progress, run_dir, clock, retries=retries)
-        return scheduler.run(resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)
+        return scheduler.run(resume=resume, resume_from=resume_from, rerun_failed=rerun_failed, keep_failed=keep_failed)
     finally:
         clock.add("jobs", started)

@@ -163,7 +163,8 @@ def sqnr_costs(
     q_types, r_types = _float_tensor_types(quantized), _float_tensor_types(reference)
     wanted = sorted({p for tensors in pairs.values() for p in tensors if p[0] in q_types and p[1] in r_types})
     signal, noise = dict.fromkeys(wanted, 0.0), dict.fromkeys(wanted, 0.0)
-    run_reference = _Exposed(backend, options, built, reference, {r: r_types[r] for _, r in wanted}, workdir / "sqnr-fp32.onnx")
+    run_reference = _Exposed(backend, options, built, reference, {r: r_types[r] for _, r in wanted},
+                             workdir / "sqnr-fp32.onnx")  # fmt: skip
     try:
         exposed = {q: q_types[q] for q, _ in wanted}
         run_quantized = _Exposed(backend, options, built, quantized, exposed, workdir / "sqnr-int8.onnx")

@@ -138,7 +138,8 @@ def _outputs(backend: Backend, options: RunOptions, built: BuiltVariant, feeds: 
     runner = backend.load(built, options)
     try:
         parts = [[real_rows(o, size, rows - start) for o in runner.run(batch)]
-                 for start, batch in zip(range(0, rows, size), iter_batches(feeds, size, whole=fixed_batch is not None))]
+                 for start, batch in zip(range(0, rows, size),
+                                         iter_batches(feeds, size, whole=fixed_batch is not None))]  # fmt: skip
     finally:
         runner.close()
     return [np.concatenate(column) if column[0].ndim else column[0] for column in zip(*parts)]

@@ -274,7 +274,8 @@ def _auto_calibrated(
         if tried is not chosen:
             discard_built(tried.built, ctx.workdir, with_folder=True)
     why = (f"the smallest {gate.metric} drop of those whose pass the rows resolve" if chosen.resolved_pass else
-           f"the smallest {gate.metric} drop of those passing, none on enough rows to resolve the tolerance: "
+           f"the smallest {gate.metric} drop of those passing, none on enough rows to resolve the tolerance and "
+           "judged on every scope: "
            f"{chosen.unresolved}" if chosen.passed else f"the smallest {gate.metric} drop, none passing")
     tried = ", ".join(t.label() for t in tries)
     note = f"calibrator auto: explained with {chosen.spec.calibrator}, {why} ({tried})"
@@ -378,7 +379,8 @@ def run_explain(
     directory = _new_explain_dir(recipe.output_path / recipe.name, variant_name)
     result = explain_variant(recipe, variant_name, method=method, group_by=group_by, max_nodes=max_nodes,
                              workdir=directory, track=track)  # fmt: skip
-    write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False), what="explain.json")
+    write_atomically(directory / "explain.json", json.dumps(result.to_dict(), indent=2, allow_nan=False),
+                     what="explain.json")  # fmt: skip
     plot_costs(result, directory / "explain.png", top)
     table = Console(file=io.StringIO(), width=200)
     print_wide(explain_table(result, top), table)

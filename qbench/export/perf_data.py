@@ -81,7 +81,8 @@ def evaluation_feeds(recipe: Recipe, info: ModelInfo, rows: int) -> tuple[dict[s
 
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=info.inputs)  # fmt: skip
-    evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows)
+    evaluation = evaluation_rows(table, recipe.data, recipe_file=recipe.source,
+                                 calibrated=recipe.fits_on_calibration_rows)  # fmt: skip
     positions = sample_rows(evaluation.rows, evaluation.slices, rows)
     drawn = {"seed": SAMPLE_SEED, "evaluation_rows": len(evaluation.rows), "rows": positions.tolist(),
              "slices": {name: int(mask[positions].sum()) for name, mask in evaluation.masks.items()}}  # fmt: skip

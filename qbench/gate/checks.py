@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from qbench.errors import did_you_mean, expected_one_of, short_repr
+from qbench.gate.fresh import MeasuredModel, read_measured_model
 from qbench.recipe.spec import Recipe, VariantSpec
 from qbench.results.schema import AccuracyResult, LatencyResult, SliceMetrics, SweepResults, VariantResult
 from qbench.validate.catalogue import METRICS, drop, impossible_value, within
@@ -23,8 +24,6 @@ from qbench.validate.catalogue import METRICS, drop, impossible_value, within
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from qbench.data.evaluation import EvaluationRows
 
 STATUSES = ("ok", "failed", "skipped")
@@ -40,7 +39,9 @@ def _built_specs(recipe: Recipe) -> dict[str, VariantSpec]:
     return {v.name: v for v in recipe.planned_variants()}
 
 
-def unmatched_globs(field: str, patterns: Sequence[str], reference: str, candidates: Sequence[str]) -> list[tuple[str, str]]:
+def unmatched_globs(
+    field: str, patterns: Sequence[str], reference: str, candidates: Sequence[str]
+) -> list[tuple[str, str]]:
     """(`field[i]`, why) for every glob of a variant list (gate.applies_to, slo.applies_to) that picks no variant
     besides the reference: almost always a typo, and the variant it meant would go unjudged while the gate passes."""
     if not patterns:
@@ -173,16 +174,19 @@ def _variant_problems(result: VariantResult, spec: VariantSpec, timed: Sequence[
 # -- batch sizes timed ----------------------------------------------------------------------------
 
 
-def timed_batch_sizes(recipe: Recipe) -> list[int]:
-    """The batch sizes a sweep of `recipe` times every variant at, re-derived from the recipe and its model:
-    the recipe's latency.batch_sizes, or the model's batch alone when its inputs fix one (the sweep substitutes
-    it for those the recipe leaves out: qbench.preflight.checks.with_fixed_batch). A PyTorch source is
-    exported with a dynamic batch axis."""
-    from qbench.modelinfo.signature import read_model_info
+def timed_batch_sizes(recipe: Recipe, measured: MeasuredModel | None = None) -> list[int] | None:
+    """The batch sizes a sweep of `recipe` times every variant at, re-derived from the recipe and its model
+    (`measured`, read here when not given): the recipe's latency.batch_sizes, or the model's batch alone when its
+    inputs fix one (the sweep substitutes it for those the recipe leaves out: qbench.preflight.checks.with_fixed_batch).
+    A PyTorch source is exported with a dynamic batch axis. None where the model cannot be read."""
     from qbench.preflight.checks import fixed_batch
 
-    path = recipe.model_path
-    batch = fixed_batch(recipe, read_model_info(path)) if path is not None else None
+    if recipe.model_path is None:
+        return list(recipe.latency.batch_sizes)
+    model = measured if measured is not None else read_measured_model(recipe)
+    if model.signature is None:
+        return None
+    batch = fixed_batch(recipe, model.signature)
     return [batch] if batch is not None else list(recipe.latency.batch_sizes)
 
 
@@ -327,7 +331,8 @@ def _accuracy_problems(
         if wanted is not None and scope.name in wanted and scope.size != wanted[scope.name]:
             problems.append(f"slice {scope.name!r}: size {scope.size}, the data gives it {wanted[scope.name]} rows")
         if ref_scopes is not None and scope.name in ref_scopes and ref_scopes[scope.name].size != scope.size:
-            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_scopes[scope.name].size} (same rows)")
+            problems.append(f"slice {scope.name!r}: size {scope.size}, FP32's is {ref_scopes[scope.name].size} "
+                            "(same rows)")  # fmt: skip
     return problems
 
 
@@ -352,7 +357,8 @@ def _scope_problems(scope: SliceMetrics, rows: int, metrics: Sequence[str], min_
         why = impossible_value(info, each, count, unit) if numeric and info is not None and not info.custom else None
         if why is not None:
             problems.append(f"{where}: metric {name!r} is {each!r}, {why}")
-    problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure {scope.metrics.get(name)!r}"
+    problems.extend(f"{where}: metric {name!r} is recorded as raised ({why}) yet has the figure "
+                    f"{scope.metrics.get(name)!r}"
                     for name, why in scope.raised.items() if not _nan(scope.metrics.get(name)))  # fmt: skip
     for metric in metrics:
         value = scope.metrics.get(metric)
@@ -410,7 +416,8 @@ def _drop_problems(scope: SliceMetrics, fp32: SliceMetrics | None) -> list[str]:
             problems.append(f"{where}: no drop of {name!r} is recorded beside both figures")
         elif not _same_drop(recorded, expected, own, reference):
             problems.append(f"{where}: drop of {name!r} recorded as {recorded!r}, but FP32's figure {reference!r} and "
-                            f"this one {own!r} make it {expected!r} (one of them was changed after the sweep)")  # fmt: skip
+                            f"this one {own!r} make it {expected!r} (one of them was changed after the "
+                            "sweep)")  # fmt: skip
     return problems
 
 
@@ -421,28 +428,26 @@ def _same_drop(recorded: float, expected: float, *figures: float) -> bool:
     return within(abs(recorded - expected), 0.0, *figures)
 
 
-def evaluation_from_data(recipe: Recipe, export: Path | None = None) -> EvaluationRows:
+def evaluation_from_data(recipe: Recipe, measured: MeasuredModel | None = None) -> EvaluationRows:
     """The evaluation rows and slices a sweep of `recipe` derives from its data (qbench.data.evaluation_rows,
-    the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows). `export`: a
-    PyTorch source's ONNX export the sweep measured (gate_fresh.measured_export), read as an ONNX source's file is."""
+    the sweep's own derivation: evaluation filter, NaN/inf input policy, limit, slices over those rows). `measured`: the
+    model the sweep measured (an ONNX source's file, a PyTorch source's export: gate.fresh.read_measured_model), read
+    here when not given."""
     from qbench.data import evaluation_rows, load_data_table
     from qbench.data.content import numeric_dtypes
-    from qbench.modelinfo.signature import read_model_info
     from qbench.preflight.checks import unread_inputs
     from qbench.tasks import get_task
 
+    model = measured if measured is not None else read_measured_model(recipe)
     # the model's string inputs keep a CSV's text as the sweep read it ("007" is no NaN/inf check's number); a
     # PyTorch source's inputs are tensors of numbers, and a model gone (--no-staleness-check) states none
-    path, model_inputs, unread = export or recipe.model_path, None, {}
+    model_inputs = model.signature.inputs if model.signature is not None else None
     # a PyTorch source's export takes each input as model.input_dtypes states it (float32 by default); where the export
     # is gone, every input counts as read
     fed_as = numeric_dtypes({name: recipe.model.input_dtype(name) for name in recipe.model.example_inputs or {}})
-    if path is not None and path.is_file():
-        try:
-            model_inputs = read_model_info(path).inputs
-        except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
-            logger.info("slices re-derived without the model's input types: %s is not a readable ONNX model", path)
-        unread = unread_inputs(path)  # the inputs the sweep's digests leave out, as it found them
+    unread = {}
+    if model.path is not None:
+        unread = unread_inputs(model.path)  # the inputs the sweep's digests leave out, as it found them
         fed_as = numeric_dtypes(model_inputs or {})  # and the types they were fed as
     table = load_data_table(recipe.data_path, recipe.data, label_names=get_task(recipe.task).labels_name_classes,
                             recipe_file=recipe.source, model_inputs=model_inputs)  # fmt: skip
@@ -456,7 +461,8 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
     problems = []
     if results.evaluation_rows != len(evaluated.rows):
         problems.append(f"evaluation_rows: got {results.evaluation_rows}, the data gives {len(evaluated.rows)} rows")
-    recorded = results.dropped_nonfinite.get("evaluation", {}) if isinstance(results.dropped_nonfinite, Mapping) else None
+    dropped = results.dropped_nonfinite
+    recorded = dropped.get("evaluation", {}) if isinstance(dropped, Mapping) else None
     if recorded != evaluated.dropped:
         problems.append(f"dropped_nonfinite.evaluation: got {recorded!r}, the data gives {evaluated.dropped!r} "
                         "(rows left out for NaN/inf inputs)")  # fmt: skip
@@ -465,8 +471,9 @@ def _evaluated_problems(results: SweepResults, evaluated: EvaluationRows, *, kee
                         "(scopes whose rows repeat inputs): results from a qbench that counted copies of an input as "
                         "evidence, or edited; re-run `qbench sweep`")  # fmt: skip
     elif results.distinct_inputs != evaluated.distinct_inputs:
-        problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives {evaluated.distinct_inputs!r} "
-                        "(distinct inputs of the scopes whose rows repeat some)")  # fmt: skip
+        problems.append(f"distinct_inputs: got {results.distinct_inputs!r}, the data gives "
+                        f"{evaluated.distinct_inputs!r} (distinct inputs of the scopes whose rows repeat "
+                        "some)")  # fmt: skip
     from qbench.data.nonfinite import drop_nonfinite  # the data was read: pandas is loaded already
 
     fed = drop_nonfinite(evaluated.rows, evaluated.nonfinite)[1] if keeps else {}

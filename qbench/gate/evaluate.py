@@ -27,6 +27,7 @@ from qbench.gate.notes import (
     reference_worse_than_the_mean,
     rounded_reference,
     tolerance_notes,
+    uncompared_outputs,
     ungated,
     unlowered,
 )
@@ -85,8 +86,9 @@ class GateReport:
     problems: tuple[str, ...] = ()  # why the results cannot be judged (fail closed)
     gated: tuple[str, ...] = field(default=())  # variant@backend keys the gate applied to
     notes: tuple[str, ...] = ()  # what the gate did not check, at the user's request
-    # (variant@backend, why) for each pass on a scope too small to resolve its tolerance (qbench.gate.resolution),
-    # whether or not the gate held it against the variant (`resolve`): `unresolved` is the whys
+    # (variant@backend, why) for each pass that is no evidence on some scope, too small to resolve its tolerance or
+    # one no gated metric judges (qbench.gate.resolution), whether or not the gate held it (`resolve`): the whys,
+    # `unresolved`, are what gate.unresolved holds
     unresolved_passes: tuple[tuple[str, str], ...] = ()
     # some of those fall short on the spread of the variant's own figures, not on the rows alone: another variant
     # judged on the same rows may resolve its pass (qbench.gate.resolution.rows_alone)
@@ -117,7 +119,7 @@ class GateReport:
 
     @property
     def unresolved(self) -> tuple[str, ...]:
-        """Why each pass too few rows resolve is no evidence: what the INT8 search ranks its candidates' passes by."""
+        """Why each pass gate.unresolved holds is no evidence: what the INT8 search ranks its candidates' passes by."""
         return tuple(why for _, why in self.unresolved_passes)
 
     @property
@@ -200,13 +202,14 @@ def withheld(report: GateReport) -> GateReport:
 
 def judge(reference: VariantResult, candidate: VariantResult, gate: GateSpec, tolerances: GivenTolerances = None,
           distinct_inputs: Mapping[str, int] | None = None) -> GateReport:  # fmt: skip
-    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for the
-    resolution rule: a pass on too few rows is still a pass here, its reasons in the report's `unresolved` (a screen
-    is a sample by design; the INT8 search ranks a resolved pass over an unresolved one), and `qbench gate` then holds
-    the chosen one's results to the rule. `tolerances`: resolved once for many candidates (on the rows
-    chosen on), rather than against `reference`'s figures (gate.metric's alone, or each gated metric's by name: another
-    is resolved against `reference`). `distinct_inputs`: of the rows judged on, as results record
-    them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate counts them."""
+    """The gate's verdict on one candidate against FP32, as `qbench gate` would give it (for searches), but for
+    gate.unresolved: a pass on too few rows, or beside a scope no gated metric judges, is still a pass here, its
+    reasons in the report's `unresolved` (the INT8 search ranks a resolved pass over an unresolved one), and
+    JudgedPass.counted says whether `qbench gate` counts it on the same figures. `tolerances`: resolved once for many
+    candidates (on the rows chosen on), rather than against `reference`'s figures (gate.metric's alone, or each gated
+    metric's by name: another is resolved against `reference`). `distinct_inputs`: of the rows judged on, as results
+    record them (validate.measure.Rows.distinct_inputs): copies of an input among them count as one, as the gate
+    counts them."""
     results = SweepResults(
         qbench_version=qbench.__version__, created_at="", recipe={}, environment={}, calibration=None,
         evaluation_rows=candidate.accuracy.rows if candidate.accuracy else 0, gate_metric=gate.metric,
@@ -254,7 +257,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
     gated = [(v, b) for v, b in pairs if v != results.reference and spec.applies(v) and (v, b) not in skipped]
     # a glob that picks no variant (a typo) would leave the variant it meant unjudged: fail closed
     names = list(dict.fromkeys(v for v, _ in pairs if v != results.reference))
-    globs = [("gate.applies_to", spec.applies_to)] + ([("slo.applies_to", slo.applies_to)] if slo and slo.applies_to is not None else [])
+    slo_globs = [("slo.applies_to", slo.applies_to)] if slo is not None and slo.applies_to is not None else []
+    globs = [("gate.applies_to", spec.applies_to), *slo_globs]
     problems += [f"{field}: {why}" for name, patterns in globs
                  for field, why in unmatched_globs(name, patterns, results.reference, names)]  # fmt: skip
     if not gated:
@@ -279,14 +283,15 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         # a breach blocks the variant (exit 1): its passes that are no evidence (too few rows, undefined) are then notes
         breached = any(c.status == "breach" for c in own_checks)
         held = problems if spec.unresolved == "fail" and not breached else unresolved_notes
-        unjudged = unjudged_scopes(own_checks) if resolve else ""
-        if unjudged and not _same_graph(results, variant, backend):
-            held.append(f"{variant}@{backend}: {unjudged}")
-        if not unresolved_scopes or _same_graph(results, variant, backend):
+        if _same_graph(results, variant, backend):
             continue
-        small_passes += [(f"{variant}@{backend}", why) for why in unresolved_scopes]
+        # recorded held or not (`resolve`): `judge` gives the searches what the gate holds (JudgedPass.counted)
+        unjudged = unjudged_scopes(own_checks)
+        small_passes += [(f"{variant}@{backend}", why) for why in [unjudged, *unresolved_scopes] if why]
         on_spread |= spread
-        if resolve:
+        if resolve and unjudged:
+            held.append(f"{variant}@{backend}: {unjudged}")
+        if resolve and unresolved_scopes:
             held.append(f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}")
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
@@ -301,13 +306,12 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
                   *cosine_without_room(results, one, gated))]
     return withheld(GateReport(
         metric=spec.metric, metrics=spec.gated_metrics if len(specs) > 1 else (),
-        checks=tuple(checks),
-        problems=tuple(problems),
+        checks=tuple(checks), problems=tuple(problems),
         gated=tuple(f"{v}@{b}" for v, b in [*later_fp32, *gated]),
         reference=results.reference, reference_backend=first,
         unresolved_passes=tuple(small_passes), unresolved_on_spread=on_spread,
         notes=(*unresolved_notes, *dict.fromkeys(per_metric), *other_output_notes(results, spec, gated),
-               *other_output_kept_notes(results, spec, gated),
+               *other_output_kept_notes(results, spec, gated), *uncompared_outputs(results, gated),
                *unlowered(results, gated), *ungated(results, spec, gated), *chosen_on_judged_rows(results, gated),
                *fitted_on_judged_rows(results, gated), *nonfinite_reference(results, gated),
                *constant_reference(results, gated),
@@ -375,7 +379,8 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
     judged_scopes = sum(not too_small(own_scope, spec) for _, own_scope, _ in scopes)
     for ref_scope, own_scope, tolerance in scopes:
         # NaN/inf on rows where FP32 is finite: a breach of its own, whatever FP32 does on other rows
-        extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs, own_scope.new_nonfinite_outputs)
+        extra_nonfinite = max(own_scope.nonfinite_outputs - ref_scope.nonfinite_outputs,
+                              own_scope.new_nonfinite_outputs)
         if extra_nonfinite > 0:
             checks.append(
                 GateCheck(variant, backend, own_scope.name, "nonfinite_outputs", float(ref_scope.nonfinite_outputs),
@@ -414,9 +419,10 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
         elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
-            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf without "
-                            "NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a MAPE "
-                            "over zero labels): nothing can be judged; gate on a metric defined there")  # fmt: skip
+            problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf "
+                            "without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, "
+                            "such as a MAPE over zero labels): nothing can be judged; gate on a metric defined "
+                            "there")  # fmt: skip
         else:
             why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")

@@ -5,7 +5,10 @@ gate's exit 2) or, for `qbench explain`, says which results it cannot rebuild fr
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qbench.errors import QbenchError, short_repr
 from qbench.provenance import (
@@ -20,6 +23,11 @@ from qbench.provenance import (
 from qbench.recipe.spec import JUDGED_SECTIONS, RESULT_SECTIONS, Recipe, load_recipe
 from qbench.results.schema import SweepResults
 
+if TYPE_CHECKING:
+    from qbench.modelinfo.signature import ModelInfo
+
+logger = logging.getLogger(__name__)
+
 
 def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
     """Sections of the recipe that decide the results and differ from the recipe the sweep ran."""
@@ -31,7 +39,8 @@ def stale_sections(current: Recipe, recorded: Recipe) -> list[str]:
                 f"{current.source}, and its section(s) {', '.join(map(repr, changed))} differ: recipe files sharing a "
                 f"name and output_dir write their runs to one folder; give each its own name, or re-run `qbench sweep "
                 f"{current.source}`"]  # fmt: skip
-    return [f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`" for section in changed]
+    return [f"stale results: recipe section {section!r} changed since the sweep: re-run `qbench sweep`"
+            for section in changed]
 
 
 def another_recipe_file(current: Recipe, recorded: Recipe) -> bool:
@@ -55,12 +64,14 @@ def edited_recipe_file(recorded: Recipe, results_file: Path) -> list[str]:
     try:
         current = load_recipe(path)
     except QbenchError as exc:
-        return [f"judged by the recipe these results embed; the recipe file they were swept from no longer loads: {exc}"]
+        return [f"judged by the recipe these results embed; the recipe file they were swept from no longer loads: "
+                f"{exc}"]
     changed = _changed_sections(current, recorded, (*RESULT_SECTIONS, *JUDGED_SECTIONS))
     if not changed:
         return []
     return [f"judged by the recipe these results embed, but the recipe file {path} they were swept from now differs in "
-            f"section(s) {', '.join(map(repr, changed))}: `qbench gate {path} --results {results_file}` judges by the file's"]
+            f"section(s) {', '.join(map(repr, changed))}: `qbench gate {path} --results {results_file}` judges by the "
+            "file's"]
 
 
 def _changed_sections(current: Recipe, recorded: Recipe, sections: tuple[str, ...] = RESULT_SECTIONS) -> list[str]:
@@ -131,7 +142,8 @@ def changed_models(results: SweepResults) -> list[str]:
         checked.add(path)
         if Path(path).is_file() and model_sha256(Path(path)) != result.model_sha256:
             problems.append(f"{result.key}: the model file {path} is not the model measured (its sha256 differs "
-                            "from the recorded model_sha256: replaced or edited after the sweep); re-run `qbench sweep`")
+                            "from the recorded model_sha256: replaced or edited after the sweep); re-run "
+                            "`qbench sweep`")
     return problems
 
 
@@ -148,3 +160,28 @@ def measured_export(results: SweepResults, recipe: Recipe) -> Path | None:
                 and result.model_sha256 and model_sha256(path) == result.model_sha256):  # fmt: skip
             return path
     return None
+
+
+@dataclass(frozen=True)
+class MeasuredModel:
+    """The ONNX file the sweep measured and its signature, read once per gate run for every check that needs it (the
+    batch sizes timed, the slices' input types): each read of a dynamic-batch model runs onnx's shape inference. `path`
+    is None where there is no file, `signature` None where there is no readable ONNX model."""
+
+    path: Path | None
+    signature: ModelInfo | None
+
+
+def read_measured_model(recipe: Recipe, export: Path | None = None) -> MeasuredModel:
+    """The ONNX model the sweep measured: a PyTorch source's `export` (`measured_export`) or an ONNX source's file, read
+    now (never from an earlier read of the same path: a file rewritten in place is read as it is)."""
+    from qbench.modelinfo.signature import read_model_info
+
+    path = export or recipe.model_path
+    if path is None or not path.is_file():
+        return MeasuredModel(None, None)
+    try:
+        return MeasuredModel(path, read_model_info(path))
+    except Exception:  # noqa: BLE001 - only with --no-staleness-check can it be other than the sweep's model
+        logger.info("the model's signature is not read: %s is not a readable ONNX model", path)
+        return MeasuredModel(path, None)

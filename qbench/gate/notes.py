@@ -1,7 +1,7 @@
 """What the gate says beside its checks, as notes a passing verdict carries: tolerances that are shares of FP32's
-figure, an FP32 reference giving NaN/inf on some rows, a variant chosen or calibrated on the rows that judge it, a reference whose
-weights are stored rounded, and a variant that computes as the reference does (its pass says nothing about its
-precision)."""
+figure, an FP32 reference giving NaN/inf on some rows, a variant chosen or calibrated on the rows that judge it, a
+reference whose weights are stored rounded, a variant that computes as the reference does (its pass says nothing about
+its precision), and model outputs no figure compares."""
 
 from __future__ import annotations
 
@@ -9,11 +9,19 @@ import contextlib
 import math
 from collections.abc import Sequence
 
-from qbench.errors import QbenchError, named_some
+from qbench.errors import QbenchError, first_named, named_some
 from qbench.gate.tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import AccuracyResult, SweepResults, VariantResult
-from qbench.validate.catalogue import DECISION_METRICS, METRICS, ONE_CLASS_OUTPUTS, OUTPUT_SEPARATOR, SHARED_COSINES
+from qbench.tasks.selection import NAMED_LEFT_OUT
+from qbench.validate.catalogue import (
+    DECISION_METRICS,
+    METRICS,
+    ONE_CLASS_OUTPUTS,
+    OUTPUT_SEPARATOR,
+    SHARED_COSINES,
+    UNCOMPARED_OUTPUTS,
+)
 from qbench.variants.base import lowered_nothing
 
 
@@ -84,8 +92,9 @@ def nonfinite_reference(results: SweepResults, pairs: Sequence[tuple[str, str]])
     notes = []
     for reference in _references(results, pairs):
         if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
-            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are only checked not to add "
-                         "NaN/inf, and every variant's metrics count them as misses")  # fmt: skip
+            notes.append(f"{nonfinite_reference_rows(reference.key, reference.accuracy)}: on those rows variants are "
+                         "only checked not to add NaN/inf, and every variant's metrics count them as "
+                         "misses")  # fmt: skip
     return notes
 
 
@@ -138,20 +147,23 @@ def chosen_on_judged_rows(results: SweepResults, pairs: Sequence[tuple[str, str]
     """A note per gated variant that a search chose among candidates on the evaluation rows themselves (no selection
     rows: qbench.selection_rows), or on selection rows some of which feed the model what evaluation rows feed it
     (kept apart by position, copied by content): the best of several tries on those inputs, its figures flatter it."""
-    chosen = [f"{v}@{b}" for v, b in pairs
-              if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "evaluation"]  # fmt: skip
+
+    def chosen_on(rows: str) -> list[str]:
+        return [f"{v}@{b}" for v, b in pairs
+                if (found := results.find(v, b)) is not None
+                and found.params.get("search.chosen_on") == rows]  # fmt: skip
+
     notes = [f"{key} was chosen among candidates on the evaluation rows that judge it: the best of several tries on "
              "those rows, its pass is optimistic (no calibration row with labels was left out of the evaluation to "
              "choose on)"
-             for key in chosen]  # fmt: skip
+             for key in chosen_on("evaluation")]  # fmt: skip
     record = results.calibration
     shared = record.selection_overlap_rows if record is not None else None
     if shared:
-        notes += [f"{v}@{b} was chosen among candidates on {record.selection_rows} selection rows of which {shared} feed "
-                  "the model what evaluation rows feed it (the same inputs in both files, or twice in the table): the "
-                  "choice saw inputs that judge it, its pass may be optimistic"
-                  for v, b in pairs
-                  if (found := results.find(v, b)) is not None and found.params.get("search.chosen_on") == "selection"]
+        notes += [f"{key} was chosen among candidates on {record.selection_rows} selection rows of which {shared} "
+                  "feed the model what evaluation rows feed it (the same inputs in both files, or twice in the "
+                  "table): the choice saw inputs that judge it, its pass may be optimistic"
+                  for key in chosen_on("selection")]  # fmt: skip
     return notes
 
 
@@ -200,12 +212,14 @@ def unlowered(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[s
         if same or kept:
             why = (f"nothing in the graph was lowered to {found.precision}" if same
                    else f"none of its {contractions} contractions (MatMul, Conv...) was lowered" if contractions
-                   else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay FP32")  # fmt: skip
+                   else f"no contraction in the graph, and its {predictors} ONNX-ML predictor(s) stay "
+                   "FP32")  # fmt: skip
             readers = [] if same else found.params.get("fp32_nodes_reading_lowered", [])
             after = {} if same or contractions else found.params.get("lowered_after_predictors", {})
             notes.append(computed_after_note(found, reference, predictors, after, readers) if after
-                         else f"{variant}@{backend} computes in {computed_in(reference)} ({why}): its pass says nothing "
-                         f"about {found.precision}" if not readers else rounded_inputs_note(found, reference, why, readers))
+                         else rounded_inputs_note(found, reference, why, readers) if readers
+                         else f"{variant}@{backend} computes in {computed_in(reference)} ({why}): its pass says "
+                         f"nothing about {found.precision}")  # fmt: skip
     return notes
 
 
@@ -223,7 +237,7 @@ def computed_after_note(
     measures that arithmetic in its precision: an IsolationForest's BF16 scores moved by 0.0026 and its precision at
     FP32's threshold by 0.0122, where the note said it computed in FP32 and its pass said nothing about BF16."""
     computed = ", ".join(f"{count} {op}" for op, count in after.items())
-    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    shown = first_named(readers, 3)
     also = (f"; its {reference.precision.upper()} node(s) {shown} also read values it rounds to {found.precision}"
             if readers else "")
     return (f"{found.key} keeps its {predictors} ONNX-ML predictor(s) in {reference.precision} (no contraction in the "
@@ -237,7 +251,7 @@ def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str
     across a tree's threshold): a BF16 pipeline's probabilities moved by up to 0.33 where the note said its pass
     said nothing about BF16, as if the variant were the FP32 model."""
     lowered = ", ".join(f"{count} {op}" for op, count in found.params.get("lowered_op_types", {}).items())
-    shown = ", ".join(readers[:3]) + (f" and {len(readers) - 3} more" if len(readers) > 3 else "")
+    shown = first_named(readers, 3)
     return (f"{found.key} computes in {computed_in(reference)} ({why}), but its {reference.precision.upper()} node(s) "
             f"{shown} read values it rounds to {found.precision} ({lowered} lowered): its pass measures that rounding "
             f"of their inputs (a value moved across a threshold), not {found.precision} arithmetic")
@@ -248,10 +262,27 @@ def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, st
     says nothing of them, and an INT8 build named outside the globs (`quant-a` beside `int8-*`) is otherwise missed."""
     judged = set(gated)
     left = [f"{v.key} ({v.precision})" for v in results.variants
-            if v.variant != results.reference and v.status == "ok" and (v.variant, v.backend) not in judged]  # fmt: skip
+            if v.variant != results.reference and v.status == "ok"
+            and (v.variant, v.backend) not in judged]  # fmt: skip
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]
+
+
+def uncompared_outputs(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:
+    """One note naming the model's outputs that no figure compares with FP32 (FP32's `outputs_not_compared`, which the
+    sweep records: qbench.tasks.selection.outputs_left_out): the verdict does not cover them, and a variant that breaks
+    one passes. Results and the report said so in FP32's notes, but a CI log showed the pass alone. Once for every
+    backend: each runs the same model's outputs."""
+    left = list(dict.fromkeys(name for reference in _references(results, pairs)
+                              for name in reference.params.get(UNCOMPARED_OUTPUTS, [])))  # fmt: skip
+    if not left:
+        return []
+    them = "them" if len(left) > 1 else "it"
+    named = first_named([repr(name) for name in left], NAMED_LEFT_OUT)
+    return [f"output{'s' if len(left) > 1 else ''} {named} not compared with FP32 (no figure reads {them}): this "
+            f"verdict does not cover {them}, a variant changing {them} passes; list the outputs to judge in "
+            "model.outputs"]  # fmt: skip
 
 
 def one_class_reference(results: SweepResults, spec: GateSpec, pairs: Sequence[tuple[str, str]]) -> list[str]:

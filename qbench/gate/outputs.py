@@ -58,18 +58,19 @@ variant losing that variation is still judged."""
 SPREAD_METRIC = "output_spread"
 
 
-def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
-                      grid_overall: SliceMetrics | None = None) -> tuple[list[tuple[str, float, float]], list[str]]:  # fmt: skip
+def collapsed_outputs(
+    reference: SliceMetrics, own: SliceMetrics, grid_overall: SliceMetrics | None = None
+) -> tuple[list[tuple[str, float, float]], list[str]]:
     """On one scope (overall, or a slice: the gate passes those it judges), (check name, FP32's spread, the
     variant's) for each evaluated output whose spread collapsed (COLLAPSED), and why it cannot be told: FP32's spread
     is recorded and the variant's is not (results edited, or written by another qbench); where neither is recorded
-    nothing is judged here (results from before spreads were are refused as a whole: qbench.results.evidence). An output FP32 itself gives one value for on the scope
-    (spread 0, or no finite row) has nothing to collapse; a variant with NaN/inf on every row of it (no spread)
-    breaches on its NaN/inf outputs. Rounding keeps an output's variation unless all of it lies below the precision's
-    step for every value of the output (small probabilities keep their relative precision), so an honest variant
-    keeps nearly all of FP32's spread. For an INT8 variant (`grid_overall`: FP32's overall scope), an output FP32 varies
-    by under RESOLVED_SPREAD of its overall spread on a slice is not judged there: no 8-bit grid over the output's values
-    resolves that variation."""
+    nothing is judged here (results from before spreads were are refused as a whole: qbench.results.evidence). An
+    output FP32 itself gives one value for on the scope (spread 0, or no finite row) has nothing to collapse; a variant
+    with NaN/inf on every row of it (no spread) breaches on its NaN/inf outputs. Rounding keeps an output's variation
+    unless all of it lies below the precision's step for every value of the output (small probabilities keep their
+    relative precision), so an honest variant keeps nearly all of FP32's spread. For an INT8 variant (`grid_overall`:
+    FP32's overall scope), an output FP32 varies by under RESOLVED_SPREAD of its overall spread on a slice is not
+    judged there: no 8-bit grid over the output's values resolves that variation."""
     collapsed, problems = [], []
     where = "" if reference.name == "overall" else f" on slice {reference.name}"
     for output, ref_spread in reference.spread.items():
@@ -84,7 +85,7 @@ def collapsed_outputs(reference: SliceMetrics, own: SliceMetrics,
         if not (math.isfinite(ref_spread) and ref_spread > 0):
             continue
         whole = grid_overall.spread.get(output, math.nan) if grid_overall is not None else math.nan
-        if ref_spread < RESOLVED_SPREAD * whole:  # below one 8-bit step of the output's variation: rounding, no collapse
+        if ref_spread < RESOLVED_SPREAD * whole:  # below one 8-bit step of its variation: rounding, no collapse
             continue
         if output not in own.spread:
             problems.append(f"the results record no {name}{where} for this variant (FP32's is {ref_spread:.4g}): "
@@ -185,7 +186,8 @@ def _joint_metrics(results: SweepResults) -> dict[str, tuple[str, ...]]:
     entries = resolved.get("metrics") if isinstance(resolved, dict) else None
     return {entry["name"]: tuple(entry["outputs"]) for entry in (entries if isinstance(entries, list) else [])
             if isinstance(entry, dict) and isinstance(entry.get("name"), str)
-            and isinstance(entry.get("outputs"), list) and all(isinstance(o, str) for o in entry["outputs"])}  # fmt: skip
+            and isinstance(entry.get("outputs"), list)
+            and all(isinstance(o, str) for o in entry["outputs"])}  # fmt: skip
 
 
 def gated_text(spec: GateSpec) -> str:

@@ -316,8 +316,8 @@ def markdown_summary(report: GateReport, title: str = "qbench gate", *, rows: in
     if len(shown) < len(checks):
         lines += [f"- {len(checks) - len(shown)} more checks left out (the step summary's size is limited); the "
                   "--json and --junit reports hold every check", ""]  # fmt: skip
-    lines += [f"- **{'failed after the verdict' if p == report.failed_after_verdict else 'cannot judge (fail closed)'}:** "
-              f"{md_cell(p)}" for p in report.problems]  # fmt: skip
+    lines += [f"- **{'failed after the verdict' if p == report.failed_after_verdict else 'cannot judge (fail closed)'}"
+              f":** {md_cell(p)}" for p in report.problems]  # fmt: skip
     lines += [f"- note: {md_cell(n)}" for n in report.notes]
     return "\n".join(lines).rstrip("\n") + "\n\n"
 
@@ -355,7 +355,8 @@ def append_step_summary(path: Path, report: GateReport, limit: int = STEP_SUMMAR
     """Append the verdict's Markdown section to a step summary file, which the other steps and tools of the job
     append to as well and the runner reads after the step: opened for appending only (what is there is never
     truncated or replaced), on a line of its own, written in one write under an exclusive lock (two gates appending
-    at once neither interleave their lines nor read each other's half-written size) and cut down to the rows that keep the file within `limit` (breaches first)."""
+    at once neither interleave their lines nor read each other's half-written size) and cut down to the rows that
+    keep the file within `limit` (breaches first)."""
     try:
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         try:

@@ -93,9 +93,16 @@ class JudgedPass:
         for the rows alone (every candidate on those rows is). What stops a search looking further."""
         return bool(self.passed) and not (self.unresolved and self.unresolved_on_spread)
 
+    def counted(self, setting: str) -> bool:
+        """Whether `qbench gate` passes it on the figures it was judged on, under `gate.unresolved: setting`: a
+        resolved pass, or under `note` any pass (one too few rows resolve, or beside a scope no gated metric judges:
+        `fail` holds those, exit 2). What a search's outcome says, so that it and the gate never disagree."""
+        return self.resolved_pass or (bool(self.passed) and setting != "fail")
+
     @property
     def mark(self) -> str:
-        """Its verdict in a path of tries: ✓ a resolved pass, ✓? one on too few rows to resolve it, ✗ no pass."""
+        """Its verdict in a path of tries: ✓ a resolved pass, ✓? one gate.unresolved holds (too few rows to resolve
+        it, or a scope no gated metric judges), ✗ no pass."""
         return "✗" if not self.passed else "✓?" if self.unresolved else "✓"
 
 
@@ -134,11 +141,13 @@ def passing(candidates: Sequence[JudgedPass]) -> list[int]:
 
 
 def unresolved_pick(label: str, why: str | None, setting: str) -> str:
-    """The note on a pick whose pass on the selection rows does not resolve the tolerance (`setting`: the recipe's
-    `gate.unresolved`; under `fail` such a pass is no pass, as the gate holds it)."""
+    """The note on a pick whose pass on the selection rows does not resolve the tolerance, or leaves a scope no gated
+    metric judges (`setting`: the recipe's `gate.unresolved`; under `fail` such a pass is no pass, as the gate holds
+    it)."""
     counted = "so it is reported as not passing" if setting == "fail" else "its pass counts, as the gate's would"
     return (f"{label} passed on the selection rows, but its pass rests on too few of them to resolve the tolerance, "
-            f"and no candidate's pass was resolved there (gate.unresolved: {setting}: {counted}): {why}")
+            "or says nothing of rows no gated metric can judge, and no candidate's pass was resolved there "
+            f"(gate.unresolved: {setting}: {counted}): {why}")
 
 
 def unjudged_scopes(checks: Sequence[GateCheck]) -> str:
@@ -201,11 +210,13 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
         bound = _over_inputs(bound, point, widen)
         together = own.changed_together.get(_companion(metric))
         of = "of them" if units == counted else f"of its {units} scored units"
-        of += f" ({together:.3g} changed together a row, weighted by changes)" if together is not None and together > 1 else ""
+        if together is not None and together > 1:
+            of += f" ({together:.3g} changed together a row, weighted by changes)"
         if not within(bound, tolerance, reference.metrics.get(metric, math.nan)):
+            at_this_spread = _rows_at_this_spread(metric, tolerance, reference, own, bound)
             return (f"{where}: its decisions changed on {changed} {of}, more than its drop counts (changes right -> "
                     f"wrong offset by changes wrong -> right), and the {CONFIDENCE:.0%} interval of the drop reaches "
-                    f"{bound:.4g} > tolerance {tolerance:g}{_rows_at_this_spread(metric, tolerance, reference, own, bound)}")
+                    f"{bound:.4g} > tolerance {tolerance:g}{at_this_spread}")
     paired = _drop_bound(metric, reference, own)
     if paired is not None and not info.share_of_rows:
         if rows < MIN_ROWS:
@@ -277,9 +288,10 @@ def _binomial_sum(counts: range, draws: int, rate: float) -> float:
 
 def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str) -> str | None:
     """Why a share of rows whose drop is `point`, `lost` of its `rows` (net: losses less gains), does not resolve a
-    tolerance of `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share` of the
-    population's rows shows a drop as small with probability over 5 % (1.5 x a max_drop of 0.01 on 300 rows: 34 %;
-    on 1,000 rows: 12 %), so the upper bound of the drop must be within it, as the rows rule asks where none is lost."""
+    tolerance of `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share`
+    of the population's rows shows a drop as small with probability over 5 % (1.5 x a max_drop of 0.01 on 300 rows:
+    34 %; on 1,000 rows: 12 %), so the upper bound of the drop must be within it, as the rows rule asks where none is
+    lost."""
     lost = round(point * rows) if math.isfinite(point) else 0
     if lost <= 0:
         return None
@@ -341,9 +353,9 @@ def interval_problems(reference: SliceMetrics, own: SliceMetrics) -> list[str]:
         if metric not in METRICS:
             return [f"a drop interval of {metric!r}, no metric qbench knows"]
         values = reference.metrics.get(metric, math.nan), own.metrics.get(metric, math.nan)
+        paired = _paired_drop_interval(metric, reference, own, finite=False) or (math.nan, math.nan)
         return _outside(f"the variant's drop of {metric}", drop(metric, *values), "the interval its drop intervals and "
-                        "FP32's make,", _paired_drop_interval(metric, reference, own, finite=False) or (math.nan, math.nan),
-                        own.judged_count(metric), *values)  # fmt: skip
+                        "FP32's make,", paired, own.judged_count(metric), *values)  # fmt: skip
 
     problems = _recorded(reference.intervals, own.intervals, "an interval", figures)
     problems += _recorded(reference.drop_intervals, own.drop_intervals, "a drop interval", dropped)
@@ -356,7 +368,10 @@ def _recorded(theirs: dict, ours: dict, kind: str, judge: Callable[[str], list[s
     problems = []
     for metric in sorted(set(theirs) | set(ours)):
         recorded = [who for who, intervals in (("FP32", theirs), ("the variant", ours)) if metric in intervals]
-        problems += [f"only {recorded[0]}'s results record {kind} of {metric!r}"] if len(recorded) == 1 else judge(metric)
+        if len(recorded) == 1:
+            problems.append(f"only {recorded[0]}'s results record {kind} of {metric!r}")
+        else:
+            problems += judge(metric)
     return problems
 
 
@@ -410,8 +425,9 @@ def _rows_at_this_spread(metric: str, tolerance: float, reference: SliceMetrics,
 
 def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
                        own: SliceMetrics) -> tuple[int, int, float] | None:  # fmt: skip
-    """(units whose decision changed, the units counted, the far end of the drop's paired interval) for a share of rows scored against
-    labels whose variant changed more decisions than its drop counts, and more than a `tolerance`'s worth of them;
+    """(units whose decision changed, the units counted, the far end of the drop's paired interval) for a share of
+    rows scored against labels whose variant changed more decisions than its drop counts, and more than a
+    `tolerance`'s worth of them;
     None where no change was offset by another or all of them together are within the tolerance (the rows rule
     covers it), or the companion figure is not recorded on the same units. Units grouped in rows (a token
     classification's tokens: `changed_together` recorded) are counted as such, and the interval is widened by how
@@ -427,9 +443,10 @@ def _compensated_bound(metric: str, tolerance: float, reference: SliceMetrics,
     # FP32's own figure is below 1 where it gives NaN/inf: those rows are every result's misses, no changed decision
     answered = reference.metrics.get(companion, math.nan)
     changed = round(((answered if math.isfinite(answered) else 1.0) - agreement) * units)
-    if not math.isfinite(point) or changed <= abs(point) * units + 0.5 or changed <= tolerance / (info.high - info.low) * units:
+    none_offset = changed <= abs(point) * units + 0.5  # the drop counts every change: none offset by another
+    if not math.isfinite(point) or none_offset or changed <= tolerance / (info.high - info.low) * units:
         return None
-    if together is not None and together > 1:  # over rows: the sum of each row's drop squared is at most together * changed
+    if together is not None and together > 1:  # over rows: each row's drop squared sums to at most together * changed
         spread = together * changed / units**2 * own.size / max(own.size - 1, 1)
     else:  # each unit's drop -1, 0 or 1; ddof 1, as the reported intervals
         spread = max(changed / units - point**2, 0.0) / (units - 1)
@@ -455,7 +472,8 @@ def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) 
             or not math.isfinite(own.metrics.get(metric, math.nan)):  # fmt: skip
         return ""
     if not math.isfinite(own.metrics.get(companion, math.nan)):
-        return f"its {companion} is {own.metrics[companion]}" if companion in own.metrics else f"no {companion} recorded"
+        figure = own.metrics.get(companion)
+        return f"its {companion} is {figure}" if companion in own.metrics else f"no {companion} recorded"
     units, counted = (own.denominators.get(name, own.size) for name in (metric, companion))
     if units != counted:
         return f"its {companion} is counted over {counted} units, its {metric} over {units}"
@@ -467,8 +485,8 @@ def _changes_uncounted(metric: str, reference: SliceMetrics, own: SliceMetrics) 
 
 def _drop_bound(metric: str, reference: SliceMetrics, own: SliceMetrics) -> float | None:
     """The far end of the drop's interval: the paired one the scopes record (_paired_drop_interval: an error in the
-    data's units, R²), or, when FP32's figure is the same on every row (its interval a point: the metric compares each row
-    with FP32's own output), the variant's interval; else None."""
+    data's units, R²), or, when FP32's figure is the same on every row (its interval a point: the metric compares each
+    row with FP32's own output), the variant's interval; else None."""
     paired = _paired_drop_interval(metric, reference, own)
     if paired is not None:
         return paired[1]

@@ -20,11 +20,13 @@ from qbench.gate.checks import (
 )
 from qbench.gate.evaluate import GateReport, evaluate_gate, withheld
 from qbench.gate.fresh import (
+    MeasuredModel,
     another_recipe_file,
     changed_fields,
     changed_models,
     edited_recipe_file,
     measured_export,
+    read_measured_model,
     stale_inputs,
     stale_sections,
 )
@@ -60,9 +62,11 @@ def latest_results(recipe: Recipe) -> Path:
     if run is None:
         blocking = next((path for path in (root, *root.parents) if path.exists()), root)
         if not blocking.is_dir():  # no sweep could write there: running one first would not help
-            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; expected the "
-                                                           "folder the sweep writes its run folders in")  # fmt: skip
-        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` first")
+            raise RecipeError(recipe.source, "output_dir", f"{blocking} (in the path of {root}) is a file; "
+                                                           "expected the folder the sweep writes its run folders "
+                                                           "in")  # fmt: skip
+        raise QbenchError(f"no results for recipe {recipe.name!r} under {root}: run `qbench sweep {recipe.source}` "
+                          "first")  # fmt: skip
     if not run.complete:
         what = ("wait for it to finish" if run.state == "running" else
                 f"finish it with `qbench sweep {recipe.source} --resume` (or re-run without --resume)")  # fmt: skip
@@ -114,10 +118,11 @@ def run_gate(
     else:
         notes.append(f"inputs not checked for staleness ({unchecked_because})")
     fresh = check_staleness and not problems  # the recipe's inputs are the sweep's: what it did can be re-derived
-    evaluated = None
+    evaluated, measured = None, None
     if not problems:  # stale results are unusable already: what changed data gives says nothing more
         export = measured_export(results, asked)
-        evaluated, cannot = _evaluation_from_data(asked, export)
+        measured = read_measured_model(asked, export)  # once, for the slices' input types and the batch sizes timed
+        evaluated, cannot = _evaluation_from_data(asked, measured)
         problems += cannot
         if (asked.model.torch and export is None and evaluated is not None
                 and evaluated.distinct_inputs != results.distinct_inputs):  # fmt: skip
@@ -128,7 +133,7 @@ def run_gate(
         if evaluated is None and not cannot:
             notes.append(f"slices not re-derived: the data file {asked.data_path} is gone (only the recipe's named "
                          "slices are required, at the sizes the results record)")  # fmt: skip
-    timed = timed_batch_sizes(asked) if fresh else None  # a model with a fixed batch is timed at it alone
+    timed = timed_batch_sizes(asked, measured) if fresh else None  # a model with a fixed batch is timed at it alone
     problems += result_problems(results, asked, evaluated, timed)
     problems += changed_models(results)
     report = evaluate_gate(results, asked.gate, expected=expected_pairs(asked), slo=asked.slo)
@@ -151,7 +156,9 @@ def located(results: SweepResults, results_file: Path) -> SweepResults:
     return replace(results, variants=variants)
 
 
-def gate_changed_since_the_sweep(report: GateReport, results: SweepResults, asked: Recipe, recorded: Recipe) -> list[str]:
+def gate_changed_since_the_sweep(
+    report: GateReport, results: SweepResults, asked: Recipe, recorded: Recipe
+) -> list[str]:
     """A note where the recipe's gate or slo is not the one the results were swept with: the gate judges by the
     recipe's (a tolerance tightened since is applied), and the note names each field changed and every variant the
     sweep's own gate and slo (on the same prices) block that this one passes or no longer judges. Before, a tolerance
@@ -169,14 +176,14 @@ def gate_changed_since_the_sweep(report: GateReport, results: SweepResults, aske
     return [f"judged by the recipe's {', '.join(changes)}, changed since the sweep{said}"]
 
 
-def _evaluation_from_data(recipe: Recipe, export: Path | None) -> tuple[EvaluationRows | None, list[str]]:
-    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation, of
-    a PyTorch source's measured `export` where it is still there: gate_fresh.measured_export; so the gate requires
-    exactly the slices a sweep writes), with the problem that stops it if any. None without a problem: the data file
-    is gone (only with --no-staleness-check does the gate get this far without it)."""
+def _evaluation_from_data(recipe: Recipe, measured: MeasuredModel) -> tuple[EvaluationRows | None, list[str]]:
+    """The evaluation rows and slices the sweep derived, re-derived from the recipe's data (the same derivation, with
+    the model it `measured`: a PyTorch source's export where it is still there, gate_fresh.measured_export; so the gate
+    requires exactly the slices a sweep writes), with the problem that stops it if any. None without a problem: the
+    data file is gone (only with --no-staleness-check does the gate get this far without it)."""
     if not recipe.data_path.exists():
         return None, []
     try:
-        return evaluation_from_data(recipe, export), []
+        return evaluation_from_data(recipe, measured), []
     except QbenchError as exc:
         return None, [f"the slices cannot be re-derived from the data: {exc}"]

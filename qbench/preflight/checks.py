@@ -175,7 +175,8 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
     store = build_store(recipe).local
     if store is not None:
         default = "" if recipe.executor.store else " (the default, in qbench's cache: set executor.store or $QBENCH_CACHE_DIR)"
-        _check_writable_folder(recipe, "executor.store", store, expected=f"a writable folder for built variants{default}")
+        _check_writable_folder(recipe, "executor.store", store,
+                               expected=f"a writable folder for built variants{default}")  # fmt: skip
     if not track:
         return
     uri = resolve_tracking_uri(recipe)
@@ -192,7 +193,8 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
         return
     if path.exists() and (path.is_dir() or not os.access(path, os.W_OK)):
         problem = "is a folder" if path.is_dir() else "is not writable"
-        raise RecipeError(recipe.source, "tracking.uri", f"the sqlite database {path} {problem}; expected a writable file{default}")
+        raise RecipeError(recipe.source, "tracking.uri",
+                          f"the sqlite database {path} {problem}; expected a writable file{default}")  # fmt: skip
     # its folder takes the database's lock file (qbench.track.store) even where the database exists
     _check_writable_folder(recipe, "tracking.uri", path.parent, create=False, expected=f"a writable folder{default}")
 

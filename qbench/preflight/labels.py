@@ -49,19 +49,22 @@ def named_classes(
                           "data.classes")  # fmt: skip
     mapped = [o.name for o in outputs if o.meta.kind == "map" and not _ids_in_order(o.meta.class_keys)]
     if mapped:
-        raise RecipeError(recipe.source, "data.classes", f"output {mapped[0]!r} names its own classes (a map); expected "
+        raise RecipeError(recipe.source, "data.classes",
+                          f"output {mapped[0]!r} names its own classes (a map); expected "
                           "no data.classes with it")  # fmt: skip
     for choice in outputs:
         stated = column_classes(choice.meta)
         if stated is not None and [str(c) for c in stated] != [str(c) for c in classes]:
-            raise RecipeError(recipe.source, "data.classes", f"output {choice.name!r} names its own classes in the graph "
+            raise RecipeError(recipe.source, "data.classes",
+                              f"output {choice.name!r} names its own classes in the graph "
                               f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
         count = class_count(choice.meta)
         if count is not None and count != len(classes):
             layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
             raise RecipeError(recipe.source, "data.classes", f"names {len(classes)} classes, output {choice.name!r} "
                               f"has {count}{layout}; expected one name per class, in column order")  # fmt: skip
-    return label_columns(values, classes, positions, unknown=f"are none of data.classes ({', '.join(map(str, classes))})")
+    return label_columns(values, classes, positions,
+                         unknown=f"are none of data.classes ({', '.join(map(str, classes))})")  # fmt: skip
 
 
 def _ids_in_order(keys: Sequence[int | str] | None) -> bool:

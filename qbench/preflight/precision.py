@@ -60,8 +60,10 @@ _DEQUANTIZED = {10: "float16", 16: "bfloat16", 4: "uint16", 5: "int16", 6: "int3
 # distinct values a float32 weight needs before holding only 16-bit float values says it was rounded (`_rounded_floats`)
 _ROUNDED_DISTINCT = 16
 # ops that read a weight: an integer tensor cast to float there is a stored weight (elsewhere, a mask or an index)
-_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedConv", "FusedGemm"})
-_INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4", 25: "uint2", 26: "int2"}
+_CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "FusedConv",
+                           "FusedGemm"})  # fmt: skip
+_INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "uint4", 22: "int4", 25: "uint2",
+             26: "int2"}  # fmt: skip
 
 
 def reduced_precision(model: onnx.ModelProto) -> str | None:
@@ -94,7 +96,8 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
             low_bit[op] += 1  # an 8-bit float round trip on activations is their quantization, as Q/DQ on them is
             low_bit_types.add(_LOW_BIT[rounded])
         elif op not in _STORAGE_OPS and op not in _QDQ_OPS:
-            found = {_REDUCED_FLOATS[types[name]] for name in (*node.input, *node.output) if types.get(name) in _REDUCED_FLOATS}
+            found = {_REDUCED_FLOATS[types[name]] for name in (*node.input, *node.output)
+                     if types.get(name) in _REDUCED_FLOATS}  # fmt: skip
             if found:
                 reduced[op] += 1
                 reduced_types |= found
@@ -112,9 +115,10 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
         fused = Counter({op: n for op, n in weight_only.items() if op in _WEIGHT_ONLY_OPS})  # a weight's DQ: not named
         return f"the model is already quantized: {_counted(integer + fused)}"
     if weight_only:
-        return (f"the model's weights are already quantized to {'/'.join(sorted(weight_types))} (weight-only, activations "
-                f"in float: {_counted(weight_only)}), so every drop would be measured from that rounding; give the "
-                "float model the weights were quantized from (before MatMulNBitsQuantizer or the like)")  # fmt: skip
+        return (f"the model's weights are already quantized to {'/'.join(sorted(weight_types))} (weight-only, "
+                f"activations in float: {_counted(weight_only)}), so every drop would be measured from that "
+                "rounding; give the float model the weights were quantized from (before MatMulNBitsQuantizer or the "
+                "like)")  # fmt: skip
     found = []
     if low_bit:
         found.append(f"the model already rounds its activations to {'/'.join(sorted(low_bit_types))}: "
@@ -141,8 +145,9 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
         origin = _reshaped(graph, {name for name, kind in stored.items() if kind in _DEQUANTIZED})
         for node in graph.node:
             weight = origin.get(node.input[0]) if node.input else None
-            widens = stored[weight] in _DEQUANTIZED and (node.op_type == "DequantizeLinear" or (
-                _cast_to(node, types) in (1, 11) and stored[weight] in _REDUCED_FLOATS)) if weight else False  # fmt: skip
+            widened_cast = _cast_to(node, types) in (1, 11) and stored.get(weight) in _REDUCED_FLOATS
+            widens = bool(weight) and stored[weight] in _DEQUANTIZED and (
+                node.op_type == "DequantizeLinear" or widened_cast)
             if widens:
                 found.setdefault(_DEQUANTIZED[stored[weight]], {}).setdefault(node.op_type, set()).add(weight)
         for weight, kind in _rounded_floats(graph).items():
@@ -152,10 +157,11 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
             found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
     if not found:
         return None
-    parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})" for kind, ops in sorted(found.items())
-             for op, names in sorted(ops.items())]  # fmt: skip
+    parts = [f"{len(names)} {'weights' if len(names) > 1 else 'weight'} in {kind} ({op})"
+             for kind, ops in sorted(found.items()) for op, names in sorted(ops.items())]  # fmt: skip
     return (f"stores {', '.join(parts)} and widens them to float when it runs: it computes in FP32 on weights already "
-            "rounded to that type, so every drop is measured from that rounding, not from the float model they came from")
+            "rounded to that type, so every drop is measured from that rounding, not from the float model they came "
+            "from")
 
 
 def rounded_activations(model: onnx.ModelProto) -> str | None:
@@ -176,7 +182,8 @@ def rounded_activations(model: onnx.ModelProto) -> str | None:
             found[f"{_REDUCED_FLOATS[rounded]} ({node.op_type})"] += 1
     if not found:
         return None
-    parts = [f"{count} {'activations' if count > 1 else 'activation'} to {kind}" for kind, count in sorted(found.items())]
+    parts = [f"{count} {'activations' if count > 1 else 'activation'} to {kind}"
+             for kind, count in sorted(found.items())]  # fmt: skip
     them = "them" if sum(found.values()) > 1 else "it"
     return (f"rounds {', '.join(parts)} and widens {them} back to float when it runs: it computes in FP32 on values "
             "already rounded to that type, so every drop is measured from that rounding, not from the float model")
@@ -294,7 +301,8 @@ def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
             if name not in bits:
                 values = numpy_helper.to_array(tensors[name])
                 distinct = np.unique(values.ravel()[: 64 * _ROUNDED_DISTINCT])
-                judged = values.ndim and len(distinct) >= _ROUNDED_DISTINCT and not np.all(distinct == np.round(distinct))
+                whole = np.all(distinct == np.round(distinct))
+                judged = values.ndim and len(distinct) >= _ROUNDED_DISTINCT and not whole
                 levels = _grid_levels(values) if judged else None
                 bits[name] = int(np.ceil(np.log2(levels))) if levels else None
             if bits[name]:
@@ -308,7 +316,8 @@ def _grid_levels(values: np.ndarray) -> int | None:
     first, so a large float weight costs one small sort): a float weight fails there at once."""
     import numpy as np
 
-    for slices in (values.reshape(1, -1), values.reshape(len(values), -1), np.moveaxis(values, -1, 0).reshape(values.shape[-1], -1)):
+    by_last_axis = np.moveaxis(values, -1, 0).reshape(values.shape[-1], -1)
+    for slices in (values.reshape(1, -1), values.reshape(len(values), -1), by_last_axis):
         if slices.shape[1] < 4 or len(np.unique(slices[0, :4096])) > 256 or _slice_levels(slices[0]) is None:
             continue
         levels = [_slice_levels(row) for row in slices]
@@ -368,7 +377,8 @@ def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iter
                         or any(a.HasField("g") or a.graphs for a in node.attribute):  # fmt: skip
                     continue
                 came = set().union(*(origin.get(name, set()) for name in inputs))
-                if _cast_to(node, types) in (1, 11) and inputs[0] in stored and types.get(inputs[0]) in _INTEGERS:
+                cast_to_float = _cast_to(node, types) in (1, 11)
+                if cast_to_float and inputs[0] in stored and types.get(inputs[0]) in _INTEGERS:
                     came.add(inputs[0])
                 elif node.op_type == "Constant" or (node.op_type in _STORAGE_OPS and inputs[0] in stored):
                     stored.update(node.output)
@@ -400,8 +410,8 @@ def _quantized_op(op: str) -> bool:
     """An op that computes on quantized values, by family: QLinear*/QOrdered*, *Integer* (MatMulInteger16,
     MatMulIntegerToFloat), *Quantize* (DynamicQuantizeLinear, QuantizeWithOrder, DequantizeBFP)
     but Quantize/DequantizeLinear themselves (judged by what they read), so a new member of a family is caught too."""
-    return (op.startswith(("QLinear", "QOrdered")) or "Integer" in op or ("quantize" in op.lower() and op not in _QDQ_OPS)
-            or op in _INTEGER_OPS)  # fmt: skip
+    return (op.startswith(("QLinear", "QOrdered")) or "Integer" in op
+            or ("quantize" in op.lower() and op not in _QDQ_OPS) or op in _INTEGER_OPS)  # fmt: skip
 
 
 def _counted(ops: Counter[str]) -> str:

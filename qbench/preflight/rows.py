@@ -131,7 +131,8 @@ def _check_rows(
         try:
             got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
         except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
-            raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: the model ran on {size} rows but "
+            raise RecipeError(recipe.source, _field(recipe),
+                              f"{_inputs(model, batch)}: the model ran on {size} rows but "
                               f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = rows_moved(name, values, got.get(name), picks, agreement)

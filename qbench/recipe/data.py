@@ -150,7 +150,8 @@ class ImageSpec(_Strict):
                                              "input's channels (3: RGB, 1: L)")  # fmt: skip
     layout: Literal["NCHW", "NHWC"] | None = Field(None, description="default from the model input's shape, else NCHW")
     scale: float = Field(1 / 255, gt=0, description="multiplies the 0..255 pixel values before mean and std")
-    mean: list[float] | None = Field(None, min_length=1, max_length=3, description="per channel, subtracted after scale")
+    mean: list[float] | None = Field(None, min_length=1, max_length=3,
+                                     description="per channel, subtracted after scale")  # fmt: skip
     std: list[Annotated[float, Field(gt=0)]] | None = Field(
         None, min_length=1, max_length=3, description="per channel, divides after mean"
     )

@@ -41,8 +41,10 @@ class SearchSpec(BaseModel):
     techniques: list[Literal["ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-static"]] | None = Field(
         None, min_length=1, description="families of candidates to try; default: all"
     )
-    alphas: list[Alpha] = Field(["auto"], min_length=1, description="SmoothQuant alphas tried (auto: chosen per Linear input)")
-    max_keep_float: int = Field(8, ge=0, description="most nodes a keep-float candidate leaves in floating point (0: none)")
+    alphas: list[Alpha] = Field(["auto"], min_length=1,
+                                description="SmoothQuant alphas tried (auto: chosen per Linear input)")  # fmt: skip
+    max_keep_float: int = Field(8, ge=0,
+                                description="most nodes a keep-float candidate leaves in floating point (0: none)")
     screen_rows: int = Field(48, gt=0, description="evaluation rows of the cheap first pass")
     timing_runs: int = Field(5, gt=0, description="timed runs per batch size for a candidate's speed estimate")
     finalists: int = Field(3, ge=1, description="passing candidates re-timed side by side with FP32")

@@ -33,8 +33,10 @@ class SloBudget(_Strict):
     """A p99 budget judged at a fixed batch size (`batch_size`) or under load at a request rate (`rate_rps`)."""
 
     p99_ms: float = Field(gt=0, allow_inf_nan=False, description="end-to-end p99 latency budget, ms")
-    batch_size: int | None = Field(None, gt=0, description="judge the timed p99 at this batch size (a latency batch size)")
-    rate_rps: float | None = Field(None, gt=0, allow_inf_nan=False, description="judge the p99 under Poisson load at this rate")
+    batch_size: int | None = Field(None, gt=0,
+                                   description="judge the timed p99 at this batch size (a latency batch size)")
+    rate_rps: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                   description="judge the p99 under Poisson load at this rate")  # fmt: skip
 
     @model_validator(mode="after")
     def _one_mode(self) -> SloBudget:
@@ -46,7 +48,8 @@ class SloBudget(_Strict):
 class LoadSpec(_Strict):
     """The simulated server scenario: Poisson arrivals, a dynamic batcher, one model instance."""
 
-    max_batch_size: int | None = Field(None, gt=0, description="largest batch the batcher forms; default: the largest latency batch size")
+    max_batch_size: int | None = Field(None, gt=0,
+                                       description="largest batch the batcher forms; default: the largest latency batch size")
     max_queue_delay_ms: float | None = Field(
         None, ge=0, allow_inf_nan=False, description="longest a request waits for a batch to fill; default: a tenth of the budget"
     )

@@ -56,8 +56,8 @@ __all__ = ["FallbackSpec", "QatSpec", "Recipe", "SmoothQuantSpec", "TrainSpec", 
 # .stale_sections) and the plan another (qbench.execute.plan.plan_fingerprint); latency included, as the SLO gate and
 # the serving figures are judged on what was timed, and task_options, backend_resources (which GPU kind times) and
 # analysis (whether the range analysis was recorded).
-RESULT_SECTIONS = ("name", "task", "task_options", "model", "data", "variants", "search", "backends", "backend_resources",
-                   "metrics", "latency", "analysis")  # fmt: skip
+RESULT_SECTIONS = ("name", "task", "task_options", "model", "data", "variants", "search", "backends",
+                   "backend_resources", "metrics", "latency", "analysis")  # fmt: skip
 # What the gate and what follows it read beside the figures: changing them leaves results current. The SLO's load
 # settings, which its figures were simulated with, are checked against the results' own (qbench.slo); costs are
 # computed from the prices when judged. They are still in the plan's fingerprint: a search picks by the gate.
@@ -79,9 +79,13 @@ class ModelSpec(_Strict):
     """Either an ONNX file (`path`) or a PyTorch module (`torch` factory + optional `weights`), exported once."""
 
     path: Path | None = path_field("ONNX model, relative to the recipe file")
-    torch: str | None = Field(None, description="'package.module:factory' returning an nn.Module (imported as Python code)")
+    torch: str | None = Field(
+        None, description="'package.module:factory' returning an nn.Module (imported as Python code)"
+    )
     weights: Path | None = path_field("state_dict file, loaded with torch.load(weights_only=True)")
-    factory_arguments: dict[str, JsonValue] = Field({}, description="keyword arguments the `torch` factory is called with")
+    factory_arguments: dict[str, JsonValue] = Field(
+        {}, description="keyword arguments the `torch` factory is called with"
+    )
     example_inputs: dict[str, list[Annotated[int, Field(gt=0)]]] | None = Field(
         None, description="input name -> example shape (first dim is the batch, exported as dynamic)"
     )
@@ -105,7 +109,8 @@ class ModelSpec(_Strict):
             if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", self.torch):
                 raise ValueError(f"torch: got {self.torch!r}, expected 'package.module:factory'")
             if not self.example_inputs:
-                raise ValueError("example_inputs: a PyTorch model needs the shape of each input, e.g. {input: [1, 3, 224, 224]}")
+                raise ValueError("example_inputs: a PyTorch model needs the shape of each input, e.g. "
+                                 "{input: [1, 3, 224, 224]}")  # fmt: skip
             unknown = sorted(set(self.input_dtypes) - set(self.example_inputs))
             if unknown:
                 raise ValueError(f"input_dtypes: {unknown[0]!r} is not in example_inputs")
@@ -124,14 +129,18 @@ class ModelSpec(_Strict):
 class StabilitySpec(_Strict):
     """Adaptive timing: run windows of timed runs until the last `windows` windows' p50s agree."""
 
-    threshold: float = Field(0.05, gt=0, description="windows agree when (max - min) / median of their p50s is at most this")
+    threshold: float = Field(
+        0.05, gt=0, description="windows agree when (max - min) / median of their p50s is at most this"
+    )
     windows: int = Field(3, ge=2, description="how many consecutive windows must agree")
     window_runs: int | None = Field(
-        None, gt=0, description="runs per window; default: latency.iterations // windows (the minimum holds that many windows)"
+        None, gt=0,
+        description="runs per window; default: latency.iterations // windows (the minimum holds that many windows)",
     )
     window_seconds: float = Field(0.05, ge=0, description="a window also lasts at least this much summed run time")
     max_iterations: int | None = Field(
-        None, gt=0, description="timed runs per batch size never exceed this; default: 100,000 or latency.iterations if more"
+        None, gt=0,
+        description="timed runs per batch size never exceed this; default: 100,000 or latency.iterations if more",
     )
     max_seconds: float = Field(
         10.0, gt=0, description="stop timing a batch size after this long once latency.iterations runs are done "
@@ -192,7 +201,8 @@ class TrackingSpec(_Strict):
             )
         if scheme == "file" and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
             raise ValueError(f"got {short_repr(v)}: MLflow refuses its file store (maintenance mode); expected a "
-                             "database store such as sqlite:///mlflow.db, or set MLFLOW_ALLOW_FILE_STORE=true")  # fmt: skip
+                             "database store such as sqlite:///mlflow.db, or set "
+                             "MLFLOW_ALLOW_FILE_STORE=true")  # fmt: skip
         return v
 
 
@@ -220,8 +230,12 @@ class Recipe(_Strict):
     slo: SloSpec | None = Field(None, description="a p99 latency budget, at a fixed batch size or under load")
     cost: CostSpec | None = Field(None, description="price per hour per backend, for cost per inference")
     registry: RegistrySpec | None = Field(None, description="register the gate's winners in the MLflow Model Registry")
-    search: SearchSpec | None = Field(None, description="find the fastest INT8 variant passing the gate (qbench.search)")
-    output_dir: Path = path_field("results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports"))
+    search: SearchSpec | None = Field(
+        None, description="find the fastest INT8 variant passing the gate (qbench.search)"
+    )
+    output_dir: Path = path_field(
+        "results go to <output_dir>/<name>/<timestamp>/ (relative to the recipe)", Path("reports")
+    )
     executor: ExecutorSpec = ExecutorSpec()
     backend_resources: dict[str, BackendResources] = Field({}, description="backend -> accelerator pin (Ray)")
 
@@ -390,7 +404,8 @@ class Recipe(_Strict):
         """Whether a variant is fitted on the calibration rows: calibrated ranges, SmoothQuant's scales, QAT's
         starting point, the INT8 search's static candidates (dynamic INT8 and float casts see no calibration row)."""
         return self.search is not None or any(
-            v.precision in ("int8", "fp8") and (v.calibrator != "dynamic" or v.smoothquant is not None or v.qat is not None)
+            v.precision in ("int8", "fp8")
+            and (v.calibrator != "dynamic" or v.smoothquant is not None or v.qat is not None)
             for v in self.variants
         )
 
@@ -403,8 +418,9 @@ class Recipe(_Strict):
     def planned_variants(self) -> list[VariantSpec]:
         """`all_variants()`, then the INT8 search's variant when the recipe has `search:` (the search decides
         what that variant is; its spec only names it in the plan)."""
-        searched = [VariantSpec(name=self.search.name, precision="int8", calibrator="dynamic")] if self.search is not None else []
-        return self.all_variants() + searched
+        if self.search is None:
+            return self.all_variants()
+        return [*self.all_variants(), VariantSpec(name=self.search.name, precision="int8", calibrator="dynamic")]
 
 
 # -- loading ------------------------------------------------------------------------------------

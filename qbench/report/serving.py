@@ -79,7 +79,8 @@ def _within_budget(variant: VariantResult) -> bool:
     if serving.at_rate is not None:  # as the gate judges it: the worse of the simulation and the real server
         return met_at_rate(serving)
     point = variant.latency.at(serving.batch_size) if variant.latency and serving.batch_size else None
-    return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size, serving.budget_ms)
+    return point is not None and within(point.p99_ms + serving.preprocess_ms_per_row * point.batch_size,
+                                        serving.budget_ms)  # fmt: skip
 
 
 def mixed_machine_costs(results: SweepResults) -> str | None:
@@ -120,7 +121,8 @@ def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
         if serving is None or serving.max_rate_rps is None:
             continue
         cost, at_rate = (serving.usd_per_million.get(key) for key in ("max_rate", "at_rate"))
-        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None, serving.max_rate_rps,
+        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None,
+                                 serving.max_rate_rps,
                                  at_rate if at_rate is not None and math.isfinite(at_rate) else None))  # fmt: skip
     return candidates
 

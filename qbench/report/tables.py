@@ -474,7 +474,8 @@ def print_summary(results: SweepResults, gate: GateReport | None, target: Consol
     """The summary table, the frontier and the gate table (with its notes unless `gate_notes`), on `target` (stderr)."""
     with custom_metrics(recorded_custom_metrics(results.recipe.get("resolved", {}))):
         serving = serving_table(results, gate)
-        tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []), Text(frontier_text(results, gate.fp32_differs() if gate else None))]
+        tables = [summary_table(results, gate), *([to_rich(serving)] if serving else []),
+                  Text(frontier_text(results, gate.fp32_differs() if gate else None))]  # fmt: skip
         tables += [gate_table(gate, notes=gate_notes, every_pass=False)] if gate is not None else []
     for renderable in tables:
         print_wide(renderable, target)

@@ -42,8 +42,7 @@ from qbench.backends import Backend
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
 from qbench.gate.evaluate import GateReport, judge, too_small
-from qbench.gate.report import failure_reasons
-from qbench.gate.resolution import unresolved_pick, unresolved_reasons
+from qbench.gate.resolution import unresolved_pick
 from qbench.gate.tolerance import Tolerances, reference_tolerances, tolerances_by_metric
 from qbench.preflight.prepare import Prepared
 from qbench.recipe.search import SearchSpec
@@ -57,15 +56,15 @@ from qbench.search.keep_float import KeepFloatStage
 from qbench.search.outcome import kept_pick, method_note
 from qbench.search.retime import retime_rounds
 from qbench.search.screen import (
+    VERDICT_CHARS,
     ScreenOutputs,
-    gate_excess,
+    evaluated_record,
     overall_drop,
     overall_metric,
     p50s,
     progress_line,
     screen_excess,
     screening_indices,
-    worst_slice,
 )
 from qbench.selection_rows import chosen_on
 from qbench.validate.clock import PhaseClock
@@ -76,7 +75,6 @@ from qbench.variants.onnx_utils import graph_digest
 from qbench.variants.smoothquant import REPORT_KEYS as SMOOTHING_KEYS
 
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
-VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 OUTPACED = "not evaluated: a candidate screened faster passed"  # dismissed on a passing candidate's speed-up
 
 logger = logging.getLogger(__name__)
@@ -91,7 +89,8 @@ class SearchOutcome:
 class _Search(KeepFloatStage):
     def __init__(self, prepared: Prepared, backend: Backend, fp32: Measured, spec: SearchSpec, workdir: Path,
                  clock: PhaseClock | None, now: Callable[[], float]) -> None:  # fmt: skip
-        self.prepared, self.backend, self.fp32, self.spec, self.clock, self.now = prepared, backend, fp32, spec, clock, now
+        self.prepared, self.backend, self.fp32, self.spec = prepared, backend, fp32, spec
+        self.clock, self.now = clock, now
         self.budget = Budget(spec.time_budget_s, now, spec.finalists)
         self.budget.start("measuring FP32 on the rows candidates are judged on", None, forced=True)
         self.root = workdir.resolve() / f"{spec.name}.search"
@@ -122,7 +121,8 @@ class _Search(KeepFloatStage):
             if self.fp32.reference is None or self.fp32.result.accuracy is None:
                 raise QbenchError(f"FP32 did not run on the selection rows: {self.fp32.result.error}")
         # slices the selection rows hold too few of for the gate's rule: judged on the evaluation rows only, and said
-        small = [s.name for s in self.fp32.result.accuracy.slices if too_small(s, prepared.recipe.gate)] if selection else []
+        small = ([s.name for s in self.fp32.result.accuracy.slices if too_small(s, prepared.recipe.gate)]
+                 if selection else [])  # fmt: skip
         self.chosen_on = chosen_on(prepared.selection, len(prepared.evaluation_rows), small)
         self.tolerances = reference_tolerances(self.fp32.result, prepared.recipe.gate)  # on the rows chosen on
         self.gate = prepared.recipe.gate
@@ -157,7 +157,8 @@ class _Search(KeepFloatStage):
         except Exception as exc:  # noqa: BLE001 - one candidate failing to build is one failed candidate
             if write_fault(exc):  # the disk's fault: another candidate would be picked for it
                 raise
-            self.records[index] = record.with_(stage="failed", verdict=one_line(f"build failed: {describe_error(exc)}", VERDICT_CHARS))
+            verdict = one_line(f"build failed: {describe_error(exc)}", VERDICT_CHARS)
+            self.records[index] = record.with_(stage="failed", verdict=verdict)
             logger.warning(f"  {candidate.label}: build failed: {exc}")
             return index
         finally:
@@ -189,7 +190,8 @@ class _Search(KeepFloatStage):
             self.screened.keep(index, measured)
             self.follows_batch[index] = not measured.rows_independent
             p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
-        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(), self.screen.distinct_inputs)
+        verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(),
+                        self.screen.distinct_inputs)  # fmt: skip
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         certain = self._certain_failure(verdict, measured)
         said = "promising" if promise <= select.SCREEN_SLACK else "not promising"
@@ -206,7 +208,8 @@ class _Search(KeepFloatStage):
     def _certain_failure(self, verdict: GateReport, screened: Measured) -> str | None:
         """Why the screen makes failing on every row certain (search.certain), where its outputs are those the full
         evaluation would take (its rows did not depend on their batch); None otherwise."""
-        fp32_screened, fp32, accuracy = self.fp32_screen.result.accuracy, self.fp32.result.accuracy, screened.result.accuracy
+        fp32_screened, fp32 = self.fp32_screen.result.accuracy, self.fp32.result.accuracy
+        accuracy = screened.result.accuracy
         if not screened.rows_independent or accuracy is None or fp32_screened is None or fp32 is None:
             return None
         return certain_failure(verdict.checks, accuracy, fp32_screened, fp32)
@@ -244,25 +247,16 @@ class _Search(KeepFloatStage):
         the gate would."""
         record = self.records[index]
         measured = None  # its seconds are filed by whether its rows followed their batch (the runs that asks for)
-        with self.budget.timing(lambda: EVALUATE if measured is not None and measured.rows_independent else EVALUATE_BATCHED):
-            measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows, reference=self.fp32.reference,
-                               quiet=True, clock=self.clock, known=self.screened.take(index))  # fmt: skip
+        with self.budget.timing(lambda: EVALUATE if measured is not None and measured.rows_independent
+                                else EVALUATE_BATCHED):  # fmt: skip
+            measured = measure(self.backend, self.built[index], self.prepared, rows=self.rows,
+                               reference=self.fp32.reference, quiet=True, clock=self.clock,
+                               known=self.screened.take(index))  # fmt: skip
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
         verdict = judge(self.fp32.result, measured.result, self.gate, self.gated_tolerances(), self.rows.distinct_inputs)
-        slice_name, slice_drop = worst_slice(verdict)
-        passed = verdict.exit_code == 0
-        unresolved = unresolved_reasons(passed, verdict)
-        if not passed:
-            said = one_line(f"fail: {'; '.join(failure_reasons(verdict))}", VERDICT_CHARS)
-        else:
-            said = one_line(f"pass, unresolved: {unresolved}", VERDICT_CHARS) if unresolved else "pass (resolved)"
-        self.records[index] = record.with_(
-            stage="evaluated", metric=overall_metric(measured.result, self.gate.metric), drop=overall_drop(verdict),
-            worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
-            unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
-        )  # fmt: skip
+        self.records[index] = evaluated_record(record, verdict, measured.result)
         logger.info(progress_line(self.records[index], self.gate.metric))
 
     def _failed_to_run(self, index: int, error: str | None) -> None:
@@ -343,7 +337,8 @@ class _Search(KeepFloatStage):
         GRU model's pick screened fast, was re-timed at 0.95x, and three candidates screened at 0.89-0.93x had
         been dismissed against the lucky figure), then re-time the finalists again."""
         outpaced = [i for i, r in enumerate(self.records) if r.verdict == OUTPACED and r.stage == "screened"]
-        revived = [i for i in sorted(outpaced, key=lambda i: -(self.records[i].speedup or 0)) if self.may_win(self.records[i])]
+        revived = [i for i in sorted(outpaced, key=lambda i: -(self.records[i].speedup or 0))
+                   if self.may_win(self.records[i])]  # fmt: skip
         for index in revived:
             if self.may_win(self.records[index]):
                 self.evaluate_within_budget(index)
@@ -351,13 +346,9 @@ class _Search(KeepFloatStage):
             self.retime_finalists()
 
     def finish(self) -> SearchOutcome:
-        chosen = select.choose(self.records)
-        thin = chosen is not None and not self.records[chosen].resolved_pass
-        thin_pick = self.records[chosen] if chosen is not None and thin else None  # why its pass is weak evidence:
+        chosen, pick, thin = select.picked(self.records, self.gate.unresolved)
+        thin_pick = self.records[pick] if pick is not None and thin else None  # why its pass is weak evidence:
         notes = (unresolved_pick(thin_pick.label, thin_pick.unresolved, self.gate.unresolved),) if thin_pick else ()
-        pick = chosen if chosen is not None else select.closest(self.records)
-        if thin and self.gate.unresolved == "fail":  # as the gate: a pass on too few rows is no pass
-            chosen = None
         needed = notes[0] if notes and chosen is None else None
         if chosen is None and pick is not None and needed is None:
             needed = select.needed(self.records[pick], self.tolerances.max_drop,

@@ -1,6 +1,7 @@
 """How the search reads its rows and verdicts: which selection rows it screens on, and a gate verdict as one number.
 
 - `screening_indices`: the screening rows, spread over the selection rows, with a few of every slice.
+- `evaluated_record`: a candidate's record with a full evaluation's figures and the gate's verdict on them.
 - `gate_excess`: a full evaluation's verdict, largest drop / tolerance (select.excess).
 - `screen_excess`: a screen's verdict, each share-of-rows drop less one row where the screen sampled its scope.
 - `worst_slice`: the judged slice furthest from its tolerance.
@@ -16,7 +17,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from qbench.errors import one_line
 from qbench.gate.evaluate import GateReport
+from qbench.gate.report import failure_reasons
+from qbench.gate.resolution import unresolved_reasons
 from qbench.results.schema import AccuracyResult, SliceMetrics, VariantResult
 from qbench.results.search import CandidateRecord
 from qbench.search import select
@@ -25,6 +29,7 @@ from qbench.validate.measure import Measured
 from qbench.validate.reuse import KnownOutputs
 
 MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
+VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 
 
 def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
@@ -43,6 +48,23 @@ def gate_excess(verdict: GateReport) -> float:
     if verdict.problems:
         return math.inf
     return select.excess([(c.drop, c.tolerance) for c in verdict.checks if c.status != "skipped" and c.scope != "slo"])
+
+
+def evaluated_record(record: CandidateRecord, verdict: GateReport, result: VariantResult) -> CandidateRecord:
+    """`record` with a full evaluation's figures and the gate's `verdict` on them (qbench.gate.evaluate.judge): its
+    pass, and why that pass is no evidence where the gate would hold it (`unresolved`: JudgedPass.counted)."""
+    passed = verdict.exit_code == 0
+    unresolved = unresolved_reasons(passed, verdict)
+    if not passed:
+        said = one_line(f"fail: {'; '.join(failure_reasons(verdict))}", VERDICT_CHARS)
+    else:
+        said = one_line(f"pass, unresolved: {unresolved}", VERDICT_CHARS) if unresolved else "pass (resolved)"
+    slice_name, slice_drop = worst_slice(verdict)
+    return record.with_(
+        stage="evaluated", metric=overall_metric(result, verdict.metric), drop=overall_drop(verdict),
+        worst_slice=slice_name, worst_slice_drop=slice_drop, excess=gate_excess(verdict), passed=passed,
+        unresolved=unresolved, unresolved_on_spread=bool(unresolved) and verdict.unresolved_on_spread, verdict=said,
+    )  # fmt: skip
 
 
 def screen_excess(verdict: GateReport, result: VariantResult, full: AccuracyResult | None) -> float:

@@ -154,14 +154,16 @@ def choose(records: Sequence[CandidateRecord], tie: float = TIE) -> int | None:
 
 
 def tie_note(records: Sequence[CandidateRecord], chosen: int, tie: float = TIE) -> str | None:
-    """Why `chosen` (by `choose`) was kept over a passing candidate timed faster, in words; None when it is the fastest."""
+    """Why `chosen` (by `choose`) was kept over a passing candidate timed faster, in words; None when it is the
+    fastest."""
     among = passing(records)
     faster = max(among, key=lambda i: _speed(records[i]), default=chosen)
     if faster == chosen or _speed(records[faster]) <= _speed(records[chosen]):
         return None
     pick, other = records[chosen], records[faster]
     if pick.excess != other.excess:
-        why = f"the larger accuracy margin (largest drop / tolerance {_figure(pick.excess)} against {_figure(other.excess)})"
+        why = (f"the larger accuracy margin (largest drop / tolerance {_figure(pick.excess)} against "
+               f"{_figure(other.excess)})")
     else:
         why = "fewer float nodes" if len(pick.keep_float) < len(other.keep_float) else "the one tried first"
     return (f"{pick.label} ({_speed(pick):.2f}×) was chosen over {other.label} ({_speed(other):.2f}×): within the "
@@ -189,14 +191,25 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     if not slower:
         return None
     if len(slower) == len(batches):
-        return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this backend, "
-                "so FP32 (or FP16) is the faster choice here")  # fmt: skip
+        return (f"the fastest passing candidate runs at {speed:.2f}× FP32: no INT8 candidate beat FP32 on this "
+                "backend, so FP32 (or FP16) is the faster choice here")  # fmt: skip
     shown = ", ".join(f"batch {key[1:]} ({value:.2f}×)" for key, value in slower.items())
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
+def picked(records: Sequence[CandidateRecord], unresolved: str, tie: float = TIE) -> tuple[int | None, int | None, bool]:
+    """(the candidate chosen, None where none passes as the gate would count it on the same figures under
+    `gate.unresolved: unresolved`; the one kept, the closest where none is chosen; whether its pass is unresolved: too
+    few rows, or a scope no gated metric judges, JudgedPass.counted)."""
+    chosen = choose(records, tie)
+    pick = chosen if chosen is not None else closest(records)
+    thin = chosen is not None and not records[chosen].resolved_pass
+    return (chosen if chosen is None or records[chosen].counted(unresolved) else None), pick, thin
+
+
 def outcome(chosen: int | None, pick: int | None, thin: bool) -> str:
-    """The report's outcome; 'unresolved': the pick passed, on too few selection rows for `gate.unresolved: fail`."""
+    """The report's outcome; 'unresolved': the pick passed, but the gate would not count that pass on the same
+    figures under `gate.unresolved: fail` (too few selection rows, or a scope no gated metric judges)."""
     if chosen is not None:
         return "passed"
     if pick is None:
@@ -208,14 +221,15 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
     """Why no candidate could be kept: nothing to quantize in the graph, or what each candidate ran into.
 
     `float_layers`: the graph's layers holding weights that quantizers may leave float whole (recurrent layers,
-    other-domain operators, Linear layers inside If/Loop/Scan bodies; integer_kernels.float_weighted_layers). Where the graph has them, its weights are there,
-    and "no layer with constant weights" would be false: a GRU classifier without a Linear head was told it had no
-    MatMul, Gemm or Conv with constant weights, "e.g. a tree ensemble"."""
+    other-domain operators, Linear layers inside If/Loop/Scan bodies; integer_kernels.float_weighted_layers). Where
+    the graph has them, its weights are there, and "no layer with constant weights" would be false: a GRU classifier
+    without a Linear head was told it had no MatMul, Gemm or Conv with constant weights, "e.g. a tree ensemble"."""
     tried = [r for r in records if r.stage != "skipped"]
     if tried and all(r.stage == "not applicable" for r in tried):
         if any(NO_RANGE in r.verdict for r in tried):  # the graph has nodes to quantize; the sample gave no range
             return (f"the INT8 search quantized nothing: the nodes it would quantize {NO_RANGE} (a tensor 0 on every "
-                    "calibration row, or holding NaN/inf there); calibrate on rows where they vary (data.calibration)")  # fmt: skip
+                    "calibration row, or holding NaN/inf there); calibrate on rows where they vary "
+                    "(data.calibration)")  # fmt: skip
         if float_layers:
             layers = ", ".join(f"{count} {op}" for op, count in float_layers.items())
             techniques = ", ".join(dict.fromkeys(r.technique for r in tried))
@@ -230,7 +244,8 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
                     f"is no INT8 variant of this model{hint}")  # fmt: skip
         return ("the INT8 search found nothing to quantize: every candidate left the graph as FP32's (no MatMul, "
                 "Gemm or Conv with constant weights, e.g. a tree ensemble); the search has no INT8 variant of this "
-                "model (a static INT8 variant may still quantize its elementwise ops: its params say which)")  # fmt: skip
+                "model (a static INT8 variant may still quantize its elementwise ops: its params say "
+                "which)")  # fmt: skip
     reasons = "; ".join(f"{r.label}: {r.verdict}" for r in tried if r.stage != "not applicable")
     return f"the INT8 search could not build and run any candidate ({reasons or 'none was tried'})"
 
@@ -266,8 +281,8 @@ def closest(records: Sequence[CandidateRecord]) -> int | None:
 
 def keep_float_bases(records: Sequence[CandidateRecord], tie: float = TIE) -> list[int]:
     """Bases for keep-float candidates: measured candidates without float nodes that failed (or passed, not firmly)
-    and may still beat the fastest firm pass (`may_win`), fastest first: keeping nodes float only slows a candidate down, so the fastest
-    failing ones have the most room to pass and still win.
+    and may still beat the fastest firm pass (`may_win`), fastest first: keeping nodes float only slows a candidate
+    down, so the fastest failing ones have the most room to pass and still win.
 
     A slower candidate passing is no reason to stop: on a 1-D conv net a SmoothQuant candidate passed at 0.94x FP32
     while ORT static, screened at 1.2x, failed by 20 % and passed at 1.3x with one Conv kept float."""
@@ -284,8 +299,10 @@ def needed(record: CandidateRecord, max_drop: float, max_slice_drop: float, *, b
     gaps = []
     drop = record.drop if record.drop is not None else record.screen_drop
     if drop is not None and drop > max_drop:
-        gaps.append(f"overall drop {compared(drop, max_drop)[0]} > {max_drop:g} (cut it by {percent(1 - max_drop / drop)})")
-    if record.worst_slice is not None and record.worst_slice_drop is not None and record.worst_slice_drop > max_slice_drop:
+        gaps.append(f"overall drop {compared(drop, max_drop)[0]} > {max_drop:g} "
+                    f"(cut it by {percent(1 - max_drop / drop)})")  # fmt: skip
+    slice_drop = record.worst_slice_drop
+    if record.worst_slice is not None and slice_drop is not None and slice_drop > max_slice_drop:
         cut = 1 - max_slice_drop / record.worst_slice_drop
         shown = compared(record.worst_slice_drop, max_slice_drop)[0]
         gaps.append(f"{record.worst_slice} drop {shown} > {max_slice_drop:g} (cut it by {percent(cut)})")

@@ -35,7 +35,8 @@ def resolve_model(recipe: Recipe, snapshot: Snapshot | None = None) -> ModelSour
     from qbench.sources.torch_model import load_torch_model
 
     weights = recipe.weights_path
-    torch_model = load_torch_model(recipe, weights=snapshot.path("model.weights", weights) if snapshot and weights else weights)
+    torch_model = load_torch_model(recipe,
+                                   weights=snapshot.path("model.weights", weights) if snapshot and weights else weights)
     if snapshot is not None:
         snapshot.check_read("model.torch source", torch_model.factory_source_sha256)
     try:

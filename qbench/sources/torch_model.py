@@ -123,7 +123,8 @@ class TorchModel:
                 opset_version=opset or self.opset,
                 do_constant_folding=True,
             )
-        _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)), self.dynamic_axes())
+        _declare_unused_inputs(path, dict(zip(self.input_names, self.example_inputs(), strict=True)),
+                               self.dynamic_axes())  # fmt: skip
         return path
 
 

@@ -75,7 +75,8 @@ class SweepOutcome:
 
 
 def run_sweep(
-    recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False, rerun_failed: bool = False
+    recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False, rerun_failed: bool = False,
+    keep_failed: frozenset[str] = frozenset(),
 ) -> SweepOutcome:
     """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written.
 
@@ -84,7 +85,8 @@ def run_sweep(
     same plan are reused: an interrupted run, or a finished one whose failed jobs failed for reasons outside their
     variants (only those run again); a QbenchError when that newest run finished with nothing to run again. With
     `rerun_failed` too, every job that run recorded as failed runs again, whatever the reason (a finished run with
-    any failed job is taken up).
+    any failed job is taken up), but for the jobs in `keep_failed` (those the sweep's process died running during
+    this command: the supervising `qbench` process's resume after a crash, qbench.supervisor, never runs them again).
     SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
     holding every variant finished so far and a record per finished job, and the MLflow runs ended
     KILLED or FAILED; an interruption is then a QbenchError (exit 2) saying where the partial results are.
@@ -96,11 +98,12 @@ def run_sweep(
         raise QbenchError("--rerun-failed applies with --resume (or --plan): it says which jobs a resume runs again")
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     with custom_metrics(recipe.custom_metrics()):  # this recipe's directions, whatever else was loaded since
-        return _sweep(recipe, started, clock, track=track, resume=resume, rerun_failed=rerun_failed)
+        return _sweep(recipe, started, clock, track=track, resume=resume, rerun_failed=rerun_failed,
+                      keep_failed=keep_failed)
 
 
-def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool
-           ) -> SweepOutcome:  # fmt: skip
+def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool,
+           keep_failed: frozenset[str]) -> SweepOutcome:  # fmt: skip
     mlflow_uri = None  # the MLflow store the sweep logs to
     if track:
         from qbench.track.uri import check_reachable, resolve_tracking_uri
@@ -148,7 +151,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
         try:
             progress.open_tracker(track, resumes=resume_from)
             return _run(prepared, plan, progress, started, resume=resume, resume_from=resume_from,
-                        rerun_failed=rerun_failed)  # fmt: skip
+                        rerun_failed=rerun_failed, keep_failed=keep_failed)  # fmt: skip
         except BaseException as exc:
             guard.ignore()  # the clean-up runs to its end
             replacement = progress.stop(exc)
@@ -184,7 +187,8 @@ def _resumable(recipe: Recipe, plan: SweepPlan, rerun_failed: bool) -> Path | No
 
 
 def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: float, *,
-         resume: bool, resume_from: Path | None, rerun_failed: bool) -> SweepOutcome:  # fmt: skip
+         resume: bool, resume_from: Path | None, rerun_failed: bool, keep_failed: frozenset[str]
+         ) -> SweepOutcome:  # fmt: skip
     recipe, run_dir, clock = prepared.recipe, progress.run_dir, progress.clock
     store = build_store(recipe)
     executor = make_executor(recipe, prepared, store)
@@ -194,7 +198,8 @@ def _run(prepared: Prepared, plan: SweepPlan, progress: _Progress, started: floa
         executor.close()
         raise
     run = run_plan(plan, prepared, executor, store, progress, run_dir, clock, retries=recipe.executor.retries,
-                   resume=resume, resume_from=resume_from, rerun_failed=rerun_failed)  # fmt: skip
+                   resume=resume, resume_from=resume_from, rerun_failed=rerun_failed,
+                   keep_failed=keep_failed)  # fmt: skip
     hand_over_beside_timing()  # the last variant's MLflow logging runs beside the range analysis and the reports
     ranges = _range_analysis(prepared, run.calibrated, run.results, run_dir, clock)
     # the project's modules the recipe's code imported as it ran (a metric importing its helper when first called)
@@ -296,7 +301,8 @@ def _check_reference_accuracy(prepared: Prepared, reference: VariantResult) -> N
     (relative ones of a figure that is 0: the gate will exit 2, so say it now, not after every variant is measured).
     FP32 scoring below chance against the labels (labels misread, most likely) is said as it is measured."""
     if reference.accuracy is not None and reference.accuracy.nonfinite_outputs:
-        logger.warning("%s: variants are only checked not to add NaN/inf there", nonfinite_reference_rows(reference.key, reference.accuracy))
+        logger.warning("%s: variants are only checked not to add NaN/inf there",
+                       nonfinite_reference_rows(reference.key, reference.accuracy))  # fmt: skip
     for gated in prepared.recipe.gate.per_metric() if reference.status == "ok" else []:  # each of gate.metrics
         try:
             reference_tolerances(reference, gated)

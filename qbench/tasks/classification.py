@@ -53,7 +53,7 @@ from qbench.tasks.tokens import (
 )
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, MetricInfo, share_of_rows
 from qbench.validate.float_range import FloatFormat, read_as_reference
 from qbench.validate.scores_scale import ScaleReading, read_scale
 
@@ -227,7 +227,7 @@ class Classification(Task):
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
         share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32", row_mean=True),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
+        MAX_ABS_ERROR,
     )
     default_gate_metric = "accuracy"
     labels_name_classes = True

@@ -28,7 +28,7 @@ from qbench.tasks.base import (
 )
 from qbench.validate import kept as kept_rules
 from qbench.validate import metrics, metrics_targets
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, MetricInfo, share_of_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,14 +77,15 @@ class Multilabel(Task):
         # as a miss on every label for every result, it would make F1 0 for FP32 and every variant alike on a scope
         # with no positive label, blind to the spurious positives a variant adds there, and would add to macro_f1
         # labels only the miss holds, diluting a variant's drop on the others
-        MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)", low=0.0, high=1.0),
+        MetricInfo("micro_f1", True, "F1 over all (row, label) decisions vs labels (vs FP32 without labels)", low=0.0,
+                   high=1.0),
         MetricInfo("macro_f1", True, "mean per-label F1 vs labels (vs FP32 without labels)", low=0.0, high=1.0),
         MetricInfo("label_agreement", True, "fraction of (row, label) decisions equal to FP32's", low=0.0, high=1.0,
                    counts_nonfinite_rows=True),
         share_of_rows("row_agreement", True, "fraction of rows whose every label decision equals FP32's",
                       row_mean=True),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
-    )
+        MAX_ABS_ERROR,
+    )  # fmt: skip
     default_gate_metric = "micro_f1"
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:

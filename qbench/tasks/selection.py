@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qbench.errors import QbenchError, expected_one_of, plain_name
+from qbench.errors import QbenchError, expected_one_of, first_named, plain_name
 from qbench.modelinfo.signature import ModelInfo, TensorMeta, rows_input
 from qbench.tasks.base import Task
 
@@ -80,18 +80,20 @@ def _together(task: Task, model: ModelInfo, wanted: Sequence[str] | None, names:
         wanted = task.pick_outputs([meta for meta in model.outputs.values() if _problem(task, model, meta) is None])
         if wanted is None:
             raise QbenchError(f"task {task.name!r} reads the {roles} outputs together and cannot tell them apart by "
-                              f"name; list them in model.outputs, in that order. Outputs: {_listing(model)}")  # fmt: skip
+                              "name; list them in model.outputs, in that order. "
+                              f"Outputs: {_listing(model)}")  # fmt: skip
         log.info("evaluating outputs %s as the %s (task %s; model.outputs not set)",
                  ", ".join(map(repr, wanted)), roles, task.name)  # fmt: skip
     if len(wanted) != len(task.together):
-        raise QbenchError(f"task {task.name!r} reads {len(task.together)} outputs together (the {roles}, in that order); "
-                          f"got {len(wanted)}: {', '.join(map(repr, wanted))}")  # fmt: skip
+        raise QbenchError(f"task {task.name!r} reads {len(task.together)} outputs together (the {roles}, in that "
+                          f"order); got {len(wanted)}: {', '.join(map(repr, wanted))}")  # fmt: skip
     return [_named(task, model, name, names) for name in wanted]
 
 
 def _warn_off_label(task: Task, meta: TensorMeta) -> None:
     if meta.lowest_wins and task.decides_by_argmax:
-        log.info("output %r: %s; each row's class is its lowest score, as the graph's label is", meta.name, meta.off_label)
+        log.info("output %r: %s; each row's class is its lowest score, as the graph's label is",
+                 meta.name, meta.off_label)  # fmt: skip
     elif meta.off_label:
         log.warning("output %r: %s; figures read from its highest score may not be the model's own label",
                     meta.name, meta.off_label)  # fmt: skip
@@ -125,20 +127,23 @@ def _inner_tensor(name: str, op: str, names: list[str]) -> str:
 NAMED_LEFT_OUT = 4  # outputs a note names (a decoder returns dozens of cache tensors): the rest are counted
 
 
-def outputs_not_compared(model: ModelInfo, evaluated: Sequence[OutputChoice]) -> str | None:
-    """FP32's note naming the model's outputs that no figure reads (copies of an input aside), or None where every
-    output is evaluated: a variant that breaks one of them (a second head, a count beside its boxes) changes no figure
-    and no gate check, so the results say which outputs their figures cover and which they leave out."""
+def outputs_left_out(model: ModelInfo, evaluated: Sequence[OutputChoice]) -> list[TensorMeta]:
+    """The model's outputs that no figure reads, copies of an input aside: a variant that breaks one of them (a second
+    head, a count beside its boxes) changes no figure and no gate check."""
     names = {choice.name for choice in evaluated}
     scored = any(choice.meta.kind == "map" or choice.meta.dtype.kind == "f" for choice in evaluated)
-    left = [meta.describe() for meta in model.outputs.values()
+    return [meta for meta in model.outputs.values()
             if meta.name not in names and meta.passthrough_of is None and not (scored and _graphs_label(meta))]
-    if not left:
+
+
+def outputs_not_compared(left_out: Sequence[TensorMeta], evaluated: Sequence[OutputChoice]) -> str | None:
+    """FP32's note naming the outputs `left_out` of the evaluation (`outputs_left_out`), or None where there are none:
+    the results say which outputs their figures cover and which they leave out."""
+    if not left_out:
         return None
     judged = ", ".join(repr(choice.name) for choice in evaluated)
-    plural = "s" if len(left) > 1 else ""
-    named = ", ".join(left[:NAMED_LEFT_OUT]) + (f" and {len(left) - NAMED_LEFT_OUT} more" if len(left) > NAMED_LEFT_OUT
-                                                  else "")  # fmt: skip
+    plural = "s" if len(left_out) > 1 else ""
+    named = first_named([meta.describe() for meta in left_out], NAMED_LEFT_OUT)
     return (f"output{plural} {named} not compared with FP32: every figure and the gate judge {judged} "
             f"alone, so a variant changing {'them' if plural else 'it'} passes unremarked; expected the outputs to "
             "judge listed in model.outputs (task structured with a metric of your own reads any of them)")

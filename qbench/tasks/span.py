@@ -40,7 +40,7 @@ from qbench.tasks.base import (
     wilson,
 )
 from qbench.validate import metrics
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, MetricInfo, share_of_rows
 
 MAX_ANSWER_TOKENS = 30
 """The longest answer decoded, in tokens (Hugging Face's SQuAD example's max_answer_length), unless
@@ -159,14 +159,16 @@ class Span(Task):
     name = "span"
     together = ("start scores", "end scores")
     metric_infos = (
-        share_of_rows("exact_match", True, "fraction of rows whose answer span is the labelled one (without labels: FP32's)",
+        share_of_rows("exact_match", True,
+                      "fraction of rows whose answer span is the labelled one (without labels: FP32's)",
                       decisions="span_agreement", row_mean=True),
-        MetricInfo("f1", True, "mean token-overlap F1 of the answer span with the labelled one (without labels: FP32's)",
+        MetricInfo("f1", True,
+                   "mean token-overlap F1 of the answer span with the labelled one (without labels: FP32's)",
                    low=0.0, high=1.0),
         share_of_rows("span_agreement", True, "fraction of rows whose answer span is FP32's", row_mean=True),
         MetricInfo("span_f1", True, "mean token-overlap F1 of the answer span with FP32's", low=0.0, high=1.0),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
-    )
+        MAX_ABS_ERROR,
+    )  # fmt: skip
     default_gate_metric = "f1"
 
     def __init__(self, max_answer_tokens: int = MAX_ANSWER_TOKENS) -> None:

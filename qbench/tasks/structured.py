@@ -31,7 +31,7 @@ from qbench.tasks.base import (
 )
 from qbench.tasks.regression import agreeing_rows, agreement_tolerances
 from qbench.validate import metrics
-from qbench.validate.catalogue import MetricInfo, share_of_rows
+from qbench.validate.catalogue import MAX_ABS_ERROR, share_of_rows
 
 
 def _cell(value: Any) -> np.ndarray | None:
@@ -58,7 +58,8 @@ class StructuredRows:
     def summarise(self, name: str, mask: np.ndarray) -> SliceMetrics:
         size = int(np.count_nonzero(mask))
         agreement = mean_or_nan(self.agrees[mask])
-        values = {"agreement": agreement, "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask])}
+        values = {"agreement": agreement,
+                  "max_abs_error": metrics.max_abs_error(self.outputs[mask], self.reference[mask])}  # fmt: skip
         return SliceMetrics(name=name, size=size, metrics=values, intervals={"agreement": wilson(agreement, size)})
 
 
@@ -76,8 +77,8 @@ class Structured(Task):
     labels_may_be_fed = True  # an autoencoder's target is its input
     metric_infos = (
         share_of_rows("agreement", True, "fraction of rows whose every value is within 1% of its FP32 spread of FP32"),
-        MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0, data_units=True),
-    )
+        MAX_ABS_ERROR,
+    )  # fmt: skip
     default_gate_metric = None  # the recipe's first custom metric (qbench.recipe)
 
     def labels_from_values(self, values: Sequence[Any], positions: np.ndarray) -> np.ndarray:

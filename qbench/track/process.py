@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import qbench
 from qbench.errors import QbenchError
-from qbench.supervisor import cause
+from qbench.supervisor import cause, supervised
 from qbench.validate.background import settled_before_timing
 
 if TYPE_CHECKING:
@@ -153,10 +153,14 @@ class TrackingProcess:
         self.failure = self.failure or self.gone
         logger.warning("%s; the sweep goes on without MLflow", self.gone)
 
-    def close(self) -> None:
-        """Close the pipe (the process ends after its last call) and wait for the process to end."""
+    def let_go(self) -> None:
+        """Close the pipe: the process ends after its last call (`close` waits for that)."""
         self.gone = self.gone or "was let go"  # nothing more is handed over
         self._calls.close()
+
+    def close(self) -> None:
+        """Close the pipe (the process ends after its last call) and wait for the process to end."""
+        self.let_go()
         try:
             self._process.wait(timeout=ENDED_AFTER_S)
         except subprocess.TimeoutExpired:
@@ -205,9 +209,19 @@ def prestart(level: int | None = None) -> None:
         _idle.append(TrackingProcess(level))
 
 
+# tracking processes let go (their pipe closed) and waited for as this process exits
+_ending: list[TrackingProcess] = []
+
+
 def _release(process: TrackingProcess) -> None:
-    """Keep a process that still answers for the next sweep (one at most); end any other."""
-    if process.gone is None and not _idle:
+    """Keep a process that still answers for the next sweep (one at most); end any other. The supervised command's
+    process runs one sweep: its tracking process is let go at once, and waited for as the command's process exits,
+    so that its own exit (MLflow's exit handlers) runs beside the command's last steps (its summary) instead of after
+    them."""
+    if supervised():
+        process.let_go()
+        _ending.append(process)
+    elif process.gone is None and not _idle:
         process.failure = None  # the store's failure was that sweep's
         _idle.append(process)
     else:
@@ -218,6 +232,8 @@ def _release(process: TrackingProcess) -> None:
 def _close_idle() -> None:
     while _idle:
         _idle.pop().close()
+    while _ending:
+        _ending.pop().close()
 
 
 class RemoteTracker:

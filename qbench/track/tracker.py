@@ -349,7 +349,8 @@ class SweepTracker:
                     self._log_variant(results, variant, reused=False)
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             at = after_logged(self._taken_over) if self._taken_over is not None else None  # after the first summary
-            _log(self._client, self.parent_id, sweep_metrics(results, gate), params, sweep_tags(results, gate) | changed,
+            _log(self._client, self.parent_id, sweep_metrics(results, gate), params,
+                 sweep_tags(results, gate) | changed,
                  at=at)  # fmt: skip
             log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
             _log_artifacts(self._client, self.parent_id, paths)

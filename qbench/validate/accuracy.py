@@ -67,8 +67,11 @@ class _OutputRows:
 
     def summarise(self, name: str, mask: np.ndarray, custom: Sequence[CustomMetric],
                   feeds: Mapping[str, np.ndarray]) -> SliceMetrics:  # fmt: skip
-        own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={}) if self.summary is None else \
-            _undefined_where_fp32_failed(self.summary.summarise(name, mask), bool((mask & self.reference_nonfinite).any()))
+        if self.summary is None:
+            own = SliceMetrics(name=name, size=int(np.count_nonzero(mask)), metrics={})
+        else:
+            fp32_failed = bool((mask & self.reference_nonfinite).any())
+            own = _undefined_where_fp32_failed(self.summary.summarise(name, mask), fp32_failed)
         values, raised = dict(own.metrics), {}
         for metric in custom:
             values[metric.name], why = _custom_value(metric, name, mask, {"": self}, self.labels, feeds)
@@ -92,10 +95,11 @@ def _custom_value(
     """`metric` on the rows of `mask` FP32 scored on every one of `parts` (a single output: its key is ''; several:
     the metric gets dicts name -> array), and what it raised there (None: nothing); a metric taking `inputs` gets
     `feeds` of those rows alone, in the same order (the outputs' rows are the feeds' rows). A custom metric cannot
-    say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every result alike (FP32's own figure too), so
-    a variant is never credited for rows where FP32 gave NaN/inf; where FP32 failed on every row of the scope there
-    is nothing to compare (NaN). Where it raises, its figure on this scope is NaN and the error says why (one slice
-    too small for it costs no other figure; `_raised_everywhere` fails the scoring where it raised on every scope)."""
+    say what a row FP32 failed on is worth: it reads only rows FP32 scored, for every result alike (FP32's own figure
+    too), so a variant is never credited for rows where FP32 gave NaN/inf; where FP32 failed on every row of the scope
+    there is nothing to compare (NaN). Where it raises, its figure on this scope is NaN and the error says why (one
+    slice too small for it costs no other figure; `_raised_everywhere` fails the scoring where it raised on every
+    scope)."""
     scored = mask.copy()
     for part in parts.values():
         scored &= ~part.reference_any_nonfinite
@@ -155,7 +159,8 @@ def _undefined_where_fp32_failed(scope: SliceMetrics, holds_fp32_nonfinite: bool
     return dataclasses.replace(
         scope,
         metrics={name: math.nan if name in undefined else value for name, value in scope.metrics.items()},
-        intervals={name: (math.nan, math.nan) if name in undefined else value for name, value in scope.intervals.items()},
+        intervals={name: (math.nan, math.nan) if name in undefined else value
+                   for name, value in scope.intervals.items()},
         drop_intervals={name: (math.nan, math.nan) if name in undefined else value
                         for name, value in scope.drop_intervals.items()},
     )
@@ -212,7 +217,9 @@ def evaluate_accuracy(
     task reads with `feeds` (as SEQUENCE_IDS; span: the context's tokens, whether or not the model takes them in).
     """
     judge = get_task(task).configured(task_options or {})
-    task_feeds = dict(feeds or {}) if sequence_ids is None else {**(feeds or {}), SEQUENCE_IDS: np.asarray(sequence_ids)}
+    task_feeds = dict(feeds or {})
+    if sequence_ids is not None:
+        task_feeds[SEQUENCE_IDS] = np.asarray(sequence_ids)
     named = dict(outputs) if isinstance(outputs, Mapping) else {"": outputs}
     references = dict(reference_outputs) if isinstance(reference_outputs, Mapping) else {"": reference_outputs}
     if set(named) != set(references):
@@ -238,8 +245,9 @@ def evaluate_accuracy(
         if values.ndim == 0 or values.shape != reference.shape:
             # its rows' length moved with the values (a rank change is another layout, not a length the data set)
             varies = values.ndim == reference.ndim > 1 and values.shape[0] == reference.shape[0]
-            raise QbenchError(f"variant outputs{f' {name!r}' if name else ''} have shape {values.shape}, FP32 outputs "
-                              f"{reference.shape}: they must match{f'; {VARIABLE_SHAPE}' if varies else ''}")  # fmt: skip
+            raise QbenchError(f"variant outputs{f' {name!r}' if name else ''} have shape {values.shape}, FP32 "
+                              f"outputs {reference.shape}: they must match"
+                              f"{f'; {VARIABLE_SHAPE}' if varies else ''}")  # fmt: skip
         if rows not in (-1, values.shape[0]):
             raise QbenchError(f"output {name!r} has {values.shape[0]} rows, the others {rows}")
         rows = values.shape[0]
@@ -296,7 +304,9 @@ def _read_beyond_range(judge: Task, values: np.ndarray, reference: np.ndarray, f
                        flip: bool) -> np.ndarray:  # fmt: skip
     """The variant's values as `judge` reads them beyond its float format (Task.read_beyond_range); `flip`: scores
     decided by their arg-min, read as their negation's arg-max is."""
-    return -judge.read_beyond_range(-values, -reference, fmt) if flip else judge.read_beyond_range(values, reference, fmt)
+    if flip:
+        return -judge.read_beyond_range(-values, -reference, fmt)
+    return judge.read_beyond_range(values, reference, fmt)
 
 
 def beyond_range_notes(task: str, outputs: Mapping[str, np.ndarray], reference_outputs: Mapping[str, np.ndarray],
@@ -317,7 +327,9 @@ def beyond_range_notes(task: str, outputs: Mapping[str, np.ndarray], reference_o
     return notes
 
 
-def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None]) -> list[str]:
+def scale_doubts(
+    task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None]
+) -> list[str]:
     """Why the graph's word on the scale of an FP32 output (TensorMeta.probabilities) is in doubt, one line per
     output: logits whose every value lies in [0, 1] (as probabilities' do), or probabilities with values outside it,
     when the task thresholds them by that scale and some decision lies between the thresholds (0 < value <= 0.5)."""
@@ -333,11 +345,14 @@ def scale_doubts(task: str, reference_outputs: Mapping[str, np.ndarray], probabi
         if not finite.size or not between or metrics.looks_like_sigmoid(finite) == stated:
             continue
         if stated:
-            said, seen, other = "a Sigmoid or Softmax (probabilities, threshold 0.5)", "values outside [0, 1]", "logits (threshold 0)"
+            said = "a Sigmoid or Softmax (probabilities, threshold 0.5)"
+            seen, other = "values outside [0, 1]", "logits (threshold 0)"
         else:
-            said, seen, other = "a linear layer (logits, threshold 0)", "every value within [0, 1]", "probabilities (threshold 0.5)"
+            said = "a linear layer (logits, threshold 0)"
+            seen, other = "every value within [0, 1]", "probabilities (threshold 0.5)"
         doubts.append(f"output {name!r}: the graph makes it with {said}, yet FP32 gives {seen}; read as {other}, "
-                      f"{between} of {finite.size} FP32 decisions would differ: check how the model's last nodes make it")  # fmt: skip
+                      f"{between} of {finite.size} FP32 decisions would differ: check how the model's last nodes make "
+                      "it")  # fmt: skip
     return doubts
 
 
@@ -353,7 +368,8 @@ def one_class_readings(task: str, reference_outputs: Mapping[str, np.ndarray], p
     found = {}
     for name, values in reference_outputs.items():
         values = np.asarray(values)
-        if name in cut or probabilities.get(name) is not None or labels is None or not judge.thresholds_by_scale(values):
+        stated_by_graph = name in cut or probabilities.get(name) is not None
+        if stated_by_graph or labels is None or not judge.thresholds_by_scale(values):
             continue
         if values.ndim == 0 or int(np.prod(values.shape[1:])) != 1:  # multilabel thresholds several columns too
             continue

@@ -70,7 +70,8 @@ def batch_dependence(run: Callable[[Feeds, int], Feeds], feeds: Mapping[str, np.
     rows = {name: np.asarray(values)[picks] for name, values in feeds.items()}
     together, alone = run(rows, len(picks)), run(rows, 1)
     for name, values in together.items():
-        seen = rows_moved(name, values, alone.get(name), np.arange(len(picks)), Agreement(), numbers=picks, per_row=True)
+        seen = rows_moved(name, values, alone.get(name), np.arange(len(picks)), Agreement(), numbers=picks,
+                          per_row=True)  # fmt: skip
         if seen is not None:
             return (f"evaluation {seen} when fed alone instead of in a batch of {len(picks)} rows: the loudest and "
                     "a seeded draw of the rest")

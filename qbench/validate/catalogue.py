@@ -55,6 +55,11 @@ def share_of_rows(name: str, higher_is_better: bool, description: str, decisions
                       counts_nonfinite_rows=True, decisions=decisions, row_mean=row_mean)
 
 
+MAX_ABS_ERROR = MetricInfo("max_abs_error", False, "largest absolute difference from the FP32 output", low=0.0,
+                           data_units=True)  # fmt: skip
+"""Every built-in task's figure of how far a variant's outputs move from FP32's at most, in the data's units."""
+
+
 def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "rows") -> str | None:
     """Why `value` cannot be `info`'s on a scope of `count` rows (or of `count` other units its rate is a share of,
     such as scored tokens), or None (NaN/inf are judged elsewhere)."""
@@ -69,7 +74,9 @@ def impossible_value(info: MetricInfo, value: float, count: int, unit: str = "ro
 
 OUTPUT_SEPARATOR = "/"
 """Metric names are prefixed with their output ('probabilities/accuracy') when several outputs are evaluated."""
-ONE_CLASS_OUTPUTS = "one_class_outputs"  # FP32's param: outputs it puts in one class on every row (accuracy.one_class_readings)
+# FP32's param: outputs it puts in one class on every row (accuracy.one_class_readings)
+ONE_CLASS_OUTPUTS = "one_class_outputs"
+UNCOMPARED_OUTPUTS = "outputs_not_compared"  # FP32's param: model outputs no figure reads (selection.outputs_left_out)
 # FP32's param: output -> the cosine its vectors share across the evaluation rows (kept.shared_cosine), for a task
 # scoring cosines (accuracy.shared_cosines)
 SHARED_COSINES = "shared_cosines"

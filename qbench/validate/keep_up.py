@@ -133,7 +133,8 @@ def _fit_line(x: np.ndarray, y: np.ndarray) -> _Line:
     slope = float(np.sum(dx * (y - y.mean())) / sxx)
     intercept = float(y.mean() - slope * x.mean())
     residual = float(np.sum((y - y.mean() - slope * dx) ** 2)) / (x.size - 2)
-    return _Line(slope, intercept, math.sqrt(residual / sxx), math.sqrt(residual * (1.0 / x.size + x.mean() ** 2 / sxx)))
+    return _Line(slope, intercept, math.sqrt(residual / sxx),
+                 math.sqrt(residual * (1.0 / x.size + x.mean() ** 2 / sxx)))  # fmt: skip
 
 
 def _ratio_bound(sizes: np.ndarray, work_ms: np.ndarray, z: float) -> float:
@@ -156,7 +157,8 @@ def _latency_grows(arrivals_ms: np.ndarray, latencies_ms: np.ndarray) -> bool:
     if latencies_ms.size < 10 * TREND_BLOCKS:
         return False
     blocks = np.array_split(np.arange(latencies_ms.size // 10, latencies_ms.size), TREND_BLOCKS)
-    line = _fit_line(np.array([arrivals_ms[b].mean() for b in blocks]), np.array([latencies_ms[b].mean() for b in blocks]))
+    line = _fit_line(np.array([arrivals_ms[b].mean() for b in blocks]),
+                     np.array([latencies_ms[b].mean() for b in blocks]))  # fmt: skip
     return line.slope > T_TREND * line.slope_error
 
 

@@ -97,7 +97,8 @@ def timed_batches(
     else:
         order = np.random.default_rng(_SHUFFLE_SEED).permutation(count)
         starts = range(0, min(count, limit * batch_size), batch_size)
-        batches = [{name: np.ascontiguousarray(np.take(array, order[np.arange(start, start + batch_size) % count], axis=0))
+        batches = [{name: np.ascontiguousarray(np.take(array, order[np.arange(start, start + batch_size) % count],
+                                                       axis=0))
                     for name, array in feeds.items()} for start in starts]  # fmt: skip
     return [padding.trim(batch) for batch in batches] if padding is not None else batches
 

@@ -63,7 +63,8 @@ class FixedServiceTime:
     idle_ms: float = 0.0
 
     def service_ms(self, batch_size: int, quantiles: ArrayLike, idle: bool = False) -> np.ndarray:
-        return np.full(np.shape(quantiles), self.base_ms + self.per_item_ms * batch_size + (self.idle_ms if idle else 0.0))
+        return np.full(np.shape(quantiles),
+                       self.base_ms + self.per_item_ms * batch_size + (self.idle_ms if idle else 0.0))  # fmt: skip
 
 
 @dataclass(frozen=True)

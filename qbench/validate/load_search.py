@@ -88,7 +88,8 @@ def search_max_rate(
     runs, batches, previous, cut_short = 0, 0, None, False
     while True:
         before = replay.batches
-        search = _search_once(replay, budget_ms, overhead_ms=overhead_ms, rel_tol=rel_tol, max_simulations=max_simulations)
+        search = _search_once(replay, budget_ms, overhead_ms=overhead_ms, rel_tol=rel_tol,
+                              max_simulations=max_simulations)  # fmt: skip
         runs, spent = runs + search.simulations, replay.batches - before
         batches += spent
         requests = replay.draws.requests

@@ -37,7 +37,7 @@ from qbench.recipe.spec import LatencySpec
 from qbench.results.schema import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
 from qbench.slo import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
-from qbench.tasks.selection import outputs_not_compared
+from qbench.tasks.selection import outputs_left_out, outputs_not_compared
 from qbench.validate import metrics
 from qbench.validate.accuracy import (
     beyond_range_notes,
@@ -59,7 +59,7 @@ from qbench.validate.batch_mix import (
     worst_scopes,
 )
 from qbench.validate.bound import lookup_table_bytes
-from qbench.validate.catalogue import ONE_CLASS_OUTPUTS, SHARED_COSINES
+from qbench.validate.catalogue import ONE_CLASS_OUTPUTS, SHARED_COSINES, UNCOMPARED_OUTPUTS
 from qbench.validate.clock import PhaseClock
 from qbench.validate.contention import oversubscription_note
 from qbench.validate.fidelity import plan_measurement
@@ -94,8 +94,9 @@ class Rows:
 
     @classmethod
     def evaluation(cls, prepared: Prepared) -> Rows:
-        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices, prepared.recipe.data.evaluation.batch_size,
-                   prepared.evaluation_digests, prepared.evaluation_sequence_ids)  # fmt: skip
+        return cls(prepared.evaluation_feeds, prepared.labels, prepared.slices,
+                   prepared.recipe.data.evaluation.batch_size, prepared.evaluation_digests,
+                   prepared.evaluation_sequence_ids)  # fmt: skip
 
     @classmethod
     def selection(cls, prepared: Prepared) -> Rows | None:
@@ -103,8 +104,8 @@ class Rows:
         chosen = prepared.selection
         if chosen is None:
             return None
-        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size, chosen.digests,
-                   chosen.sequence_ids)  # fmt: skip
+        return cls(chosen.feeds, chosen.labels, chosen.slices, prepared.recipe.data.evaluation.batch_size,
+                   chosen.digests, chosen.sequence_ids)  # fmt: skip
 
     @classmethod
     def judged_on(cls, prepared: Prepared) -> Rows:
@@ -265,6 +266,7 @@ def measure(
         if clock is not None:
             clock.add("inference", t, less=clock.carved - carved)
     accuracy, nsr, scale_read, one_class, shared, chance, beyond, mixed_note = None, math.nan, [], {}, {}, [], [], None
+    left_out: list[str] = []  # FP32's outputs no figure reads (the gate names them with its verdict)
     if outputs is not None:
         base = reference.outputs if reference is not None else outputs
         recipe = prepared.recipe
@@ -276,9 +278,11 @@ def measure(
                                            rows.labels)  # fmt: skip
             for reading in () if quiet else one_class.values():
                 logger.warning("%s: %s", label, reading)
-            left_out = outputs_not_compared(prepared.model, prepared.outputs)
+            uncompared = outputs_left_out(prepared.model, prepared.outputs)
+            left_out = [meta.name for meta in uncompared]
+            left_note = outputs_not_compared(uncompared, prepared.outputs)
             scale_read = [*scale_notes(recipe.task, outputs, scales, rows.labels), *one_class.values(),
-                          *([left_out] if left_out else [])]
+                          *([left_note] if left_note else [])]
             shared = shared_cosines(recipe.task, outputs)
         options = {"probabilities": scales, "task_options": recipe.task_options,
                    "lowest_wins": {c.name for c in prepared.outputs if c.meta.lowest_wins},
@@ -320,7 +324,8 @@ def measure(
         variant=built.name, backend=backend.name, precision=built.precision, status="ok",
         params={**built.params, **{f"runtime.{k}": v for k, v in runtime.items()},
                 **({ONE_CLASS_OUTPUTS: sorted(one_class)} if one_class else {}),
-                **({SHARED_COSINES: shared} if shared else {})}, model_path=ran["model_path"],
+                **({SHARED_COSINES: shared} if shared else {}),
+                **({UNCOMPARED_OUTPUTS: left_out} if left_out else {})}, model_path=ran["model_path"],
         model_bytes=size, model_sha256=ran["model_sha256"], build_seconds=built.build_seconds,
         notes=(*built.notes, *([mixed_note] if mixed_note else []), *ran["notes"], *scale_read, *chance, *beyond,
                *_raised_notes(accuracy),
@@ -433,8 +438,8 @@ def _run_rows(
         if why is None:
             return outputs, None
         outputs = run(rows.feeds, size) if known is not None else outputs  # the known rows ran in other batches
-        logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s", description, why,
-                    ", ".join(a.describe() for a in mix))  # fmt: skip
+        logger.log(logging.DEBUG if quiet else logging.INFO, "%s: rows depend on their batch (%s): judged also in %s",
+                   description, why, ", ".join(a.describe() for a in mix))  # fmt: skip
         return outputs, (why, run_arrangements(lambda feeds, size: run(feeds, size, f"{description} ({size} a batch)"),
                                                rows.feeds, mix))  # fmt: skip
     finally:

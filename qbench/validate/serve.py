@@ -75,7 +75,8 @@ class Served:
     def keeps_up(self, rate_rps: float) -> KeepUp:
         """Whether the run shows the server keeping up at `rate_rps`, falling behind, or cannot tell
         (qbench.validate.keep_up: the batches' work bounds the server's capacity)."""
-        return keep_up(rate_rps, self.batch_sizes[: self.work_ms.size], self.work_ms, self.idle_before, self.max_batch_size,
+        return keep_up(rate_rps, self.batch_sizes[: self.work_ms.size], self.work_ms, self.idle_before,
+                       self.max_batch_size,
                        self.arrivals_ms, self.done_ms, self.completed)  # fmt: skip
 
 

@@ -74,4 +74,5 @@ def _settled(built: BuiltVariant, ctx: BuildContext) -> BuiltVariant:
     return built
 
 
-__all__ = ["EMULATIONS", "TECHNIQUES", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant", "builder_for", "calibrator_names"]
+__all__ = ["EMULATIONS", "TECHNIQUES", "BuildContext", "BuiltVariant", "VariantBuilder", "build_variant",
+           "builder_for", "calibrator_names"]  # fmt: skip

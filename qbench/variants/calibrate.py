@@ -350,7 +350,8 @@ def preprocess_model(model: onnx.ModelProto, directory: Path, qdq_opset: int | N
         model, stamped = qdq_runnable(model, max(qdq_opset, PRE_PROCESSED_OPSET))
         raised += stamped
     # a model over protobuf's limit is written with its weights beside it, at every step (ORT's default writes one file)
-    big = {"save_as_external_data": True, "all_tensors_to_one_file": True, "external_data_location": f"{path.name}.data"}
+    big = {"save_as_external_data": True, "all_tensors_to_one_file": True,
+           "external_data_location": f"{path.name}.data"}  # fmt: skip
     external = big if over_protobuf_limit(model) else {}
     inferred = typed_by_onnx_inference(model)
     if inferred is not None:  # all ORT's pre-processing would do is tag it: tagged and saved here, not serialised whole

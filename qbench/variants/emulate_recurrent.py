@@ -85,7 +85,8 @@ def _body(node: onnx.NodeProto, weights: list[str], to: int, opset: int, taken: 
     nodes = []
     if opset >= 13:
         axes = fresh_name(f"{node.name}/step/axes", taken)
-        nodes.append(helper.make_node("Constant", [], [axes], value=helper.make_tensor(axes, TensorProto.INT64, [1], [0])))
+        nodes.append(helper.make_node("Constant", [], [axes],
+                                      value=helper.make_tensor(axes, TensorProto.INT64, [1], [0])))  # fmt: skip
         nodes.append(helper.make_node("Unsqueeze", [names["x"], axes], [names["x1"]]))
     else:
         nodes.append(helper.make_node("Unsqueeze", [names["x"]], [names["x1"]], axes=[0]))

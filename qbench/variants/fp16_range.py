@@ -88,11 +88,12 @@ class RangeCheck:
                 "harmless_change_limit_fp16_spacings": HARMLESS_SPACINGS,
                 "tensors": {name: float(f"{value:.4g}") for name, value in self.tensors.items()},
                 "kept_because": dict(self.why),
-                "harmless": {name: {"max_abs": float(f"{value:.4g}"), "output_change_fp16_spacings": float(f"{change:.3g}")}
+                "harmless": {name: {"max_abs": float(f"{value:.4g}"),
+                                    "output_change_fp16_spacings": float(f"{change:.3g}")}
                              for name, (value, change) in self.harmless.items()},  # fmt: skip
                 "kept_nodes": list(self.nodes),
             }
-        }
+        }  # fmt: skip
 
     def note(self) -> str | None:
         notes = []
@@ -304,7 +305,8 @@ def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Ma
         return Verdict({}, {})
     limit = FP16_MAX_FINITE / HEADROOM
     try:
-        session = TrialSession(model, batches, overflowed={name: limit for name, value in found.items() if value > limit},
+        session = TrialSession(model, batches,
+                               overflowed={name: limit for name, value in found.items() if value > limit},
                                rounded=[name for name, value in found.items() if value <= limit])  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - then every one of them stays FP32, as without a trial
         if write_fault(exc):  # the disk's fault: a build without its trial would be stored under its key

@@ -211,14 +211,18 @@ def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded:
             graph.initializer.extend([numpy_helper.from_array(np.array(overflowed[name], np.float32), prefix + "limit"),
                                       numpy_helper.from_array(np.array(np.inf, np.float32), prefix + "inf")])  # fmt: skip
             nodes = [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
-                     helper.make_node("Greater", [prefix + "abs", prefix + "limit"], [prefix + "over"], name=prefix + "over"),
+                     helper.make_node("Greater", [prefix + "abs", prefix + "limit"], [prefix + "over"],
+                                      name=prefix + "over"),
                      helper.make_node("And", [prefix + "over", switches[name]], [prefix + "hit"], name=prefix + "hit"),
                      helper.make_node("Mul", [name, prefix + "inf"], [prefix + "inf_x"], name=prefix + "inf_x"),
-                     helper.make_node("Where", [prefix + "hit", prefix + "inf_x", name], [altered], name=altered)]  # fmt: skip
+                     helper.make_node("Where", [prefix + "hit", prefix + "inf_x", name], [altered],
+                                      name=altered)]  # fmt: skip
         else:  # every value below FP16's normals: FP16 holds it as a subnormal, or 0
             nodes = [helper.make_node("Cast", [name], [prefix + "half"], name=prefix + "half", to=TensorProto.FLOAT16),
-                     helper.make_node("Cast", [prefix + "half"], [prefix + "back"], name=prefix + "back", to=TensorProto.FLOAT),
-                     helper.make_node("Where", [switches[name], prefix + "back", name], [altered], name=altered)]  # fmt: skip
+                     helper.make_node("Cast", [prefix + "half"], [prefix + "back"], name=prefix + "back",
+                                      to=TensorProto.FLOAT),
+                     helper.make_node("Where", [switches[name], prefix + "back", name], [altered],
+                                      name=altered)]  # fmt: skip
         inserted[name] = nodes
         graph.input.append(helper.make_tensor_value_info(switches[name], TensorProto.BOOL, []))
     renamed = {name: f"{_SWITCH}{index}/altered" for index, name in enumerate(tried)}

@@ -114,7 +114,8 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     kept_float = kept_float_nodes(model, rules, default=default)
     excluded = {*exclude_nodes, *kept_float.names}
     if not quantizable_nodes(model, op_types, excluded):
-        params = {"calibrator": settings.method, "op_types": list(op_types), "quantized_nodes": 0, "quantized_op_types": {}}
+        params = {"calibrator": settings.method, "op_types": list(op_types), "quantized_nodes": 0,
+                  "quantized_op_types": {}}  # fmt: skip
         params.update(kept_float.params())
         return unchanged_variant(spec.name, "fp8", ctx, nothing_to_quantize(op_types, model), params, clock.seconds())
     with scratch_dir("qbench-fp8-") as tmp:

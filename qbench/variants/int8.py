@@ -192,7 +192,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params["predictor_outputs_kept_float"] = [name for name in predictor_output_nodes(model) if name in lowered]
         excluded += params["preprocessing_kept_float"] + params["predictor_outputs_kept_float"]
     if not quantizable_nodes(model, computing_op_types(op_types), excluded, handed):
-        params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0, quantized_op_types={})
+        params.update(calibrator=config.calibration.calibrator, op_types=list(op_types), quantized_nodes=0,
+                      quantized_op_types={})  # fmt: skip
         why = _nothing_quantized(op_types, model, params.get("preprocessing_kept_float", []),
                                  params.get("predictor_outputs_kept_float", []))  # fmt: skip
         return unchanged_variant(spec.name, "int8", ctx, why, params, clock.seconds())
@@ -205,7 +206,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
             prepared, params["preprocess"] = preprocess_model(model, tmp, qdq)
         ranges: TensorsData | None = None
         if isinstance(config, OrtStatic):
-            static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types, exclude, notes)
+            static_params, ranges = _quantize_static(spec.name, config, ctx, prepared, target, reduce_range, op_types,
+                                                     exclude, notes)  # fmt: skip
             params.update(static_params)
         else:
             quantizable = quantizable_nodes(model, op_types, exclude, handed)

@@ -27,8 +27,9 @@ What decides a fusion (ONNX Runtime 1.32, checked against its optimized graph in
   0) is fused into the float op instead (FusedConv, FusedGemm), which then runs in float whatever follows;
 - a MatMul or Gemm left with a float output still fuses (MatMulIntegerToFloat, QGemm), unless such a Relu stops it
   or its only reader is a Relu or Clip read by one float node (fused into the float op: a Linear + ReLU whose output
-  goes on to a Pad, as SmoothQuant leaves it), and a Gemm then only when its bias is absent or dequantized: with a float bias (PyTorch's nn.Linear as torchao
-  and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX Runtime quantizes a float bias itself.
+  goes on to a Pad, as SmoothQuant leaves it), and a Gemm then only when its bias is absent or dequantized: with a
+  float bias (PyTorch's nn.Linear as torchao and ModelOpt export it) it runs as a float Gemm. Re-quantized, ONNX
+  Runtime quantizes a float bias itself.
 - a float-output MatMul read only by an Add is first fused with it into a float Gemm where the shapes allow it
   (`_Graph.bias_add`, from ONNX shape inference), and then judged as that Gemm, the Add's other input its bias.
 The rules also read subgraphs (If/Loop/Scan bodies), where ONNX Runtime fuses Q/DQ as in the main graph, but only with
@@ -58,7 +59,8 @@ from qbench.variants.quant_scope import nothing_quantized_note
 from qbench.variants.quantizable import computing_in_float64
 
 KERNELS_COUNTED_FOR = "onnxruntime-cpu"
-"""The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in float."""
+"""The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in
+float."""
 
 # Fused with both operands dequantized, whether the output is re-quantized or left float (see the module docstring).
 _BOTH_OPERANDS = frozenset({"MatMul", "Gemm"})
@@ -106,8 +108,9 @@ def onnx_runtime_kernel_counts(model: onnx.ModelProto, path: Path, options: obje
             onnx.save_model(named, str(source))
         optimised = Path(scratch) / "optimised.onnx"
         options.optimized_model_filepath = str(optimised)  # type: ignore[attr-defined]
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "weights.bin")  # type: ignore[attr-defined]
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "64")  # type: ignore[attr-defined]
+        external = "session.optimized_model_external_initializers"  # its weights beside it, the graph read alone
+        options.add_session_config_entry(f"{external}_file_name", "weights.bin")  # type: ignore[attr-defined]
+        options.add_session_config_entry(f"{external}_min_size_in_bytes", "64")  # type: ignore[attr-defined]
         try:
             ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
             nodes = list(all_nodes(onnx.load(str(optimised), load_external_data=False).graph))
@@ -223,7 +226,9 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int | None, ...]]:
 class _Graph:
     """What the fusion rules read of a graph: dequantized tensors, readers, zero points."""
 
-    def __init__(self, graph: onnx.GraphProto, shapes: dict[str, tuple[int | None, ...]], outer: _Graph | None = None) -> None:
+    def __init__(
+        self, graph: onnx.GraphProto, shapes: dict[str, tuple[int | None, ...]], outer: _Graph | None = None
+    ) -> None:
         """`outer`: the graph enclosing `graph` (a subgraph), whose constants it reads. Its dequantized tensors do not
         count: ONNX Runtime fuses a DequantizeLinear only with nodes of its own graph (a subgraph's MatMul of an outer
         DequantizeLinear's output runs in float, as MatMulNBits where its weight alone is dequantized in it)."""
@@ -238,7 +243,8 @@ class _Graph:
         self.constants = {} if outer is None else dict(outer.constants)
         self.constants.update({tensor.name: tensor for tensor in graph.initializer})
         self.constants.update({node.output[0]: node.attribute[0].t for node in graph.node
-                               if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value"})  # fmt: skip
+                               if node.op_type == "Constant" and node.attribute
+                               and node.attribute[0].name == "value"})  # fmt: skip
 
     def bias_add(self, matmul: onnx.NodeProto) -> onnx.NodeProto | None:
         """The Add that ONNX Runtime fuses with `matmul` into a float Gemm before any Q/DQ fusion (MatMulAddFusion):
@@ -277,7 +283,7 @@ class _Graph:
         if quantizers is not None and readers[0].op_type == "Relu":
             return "requantized" if all(self._zero_point_at_minimum(q) for q in quantizers) else "blocked"
         if activation not in self.graph_outputs and len(self.readers.get(activation, [])) == 1:
-            return "blocked"  # read by one float node: ONNX Runtime fuses it into the float op (FusedGemm, a float MatMul)
+            return "blocked"  # read by one float node: ONNX Runtime fuses it into the float op (FusedGemm, MatMul)
         return "float"
 
     def _zero_point_at_minimum(self, quantizer: onnx.NodeProto) -> bool:
@@ -299,7 +305,8 @@ def blocking_activations(model: onnx.ModelProto) -> dict[str, np.dtype]:
     graph = _Graph(model.graph, _shapes(model))
     found: dict[str, np.dtype] = {}
     for node in graph.nodes:
-        if node.op_type not in _BOTH_OPERANDS or len(node.input) < 2 or not all(n in graph.dequantized for n in node.input[:2]):
+        both_dequantized = len(node.input) >= 2 and all(n in graph.dequantized for n in node.input[:2])
+        if node.op_type not in _BOTH_OPERANDS or not both_dequantized:
             continue
         add = graph.bias_add(node) if node.op_type == "MatMul" else None
         output = (add or node).output[0]
@@ -313,7 +320,9 @@ def _scale_type(graph: _Graph, dequantized: str) -> np.dtype:
     """The numpy type of the scale a dequantized tensor is computed with (float32 where it is not a constant)."""
     producer = next(node for node in graph.nodes if dequantized in node.output)
     scale = graph.constants.get(producer.input[1])
-    return numpy_helper.to_array(scale).dtype if scale is not None and scale.data_location != onnx.TensorProto.EXTERNAL else np.dtype(np.float32)
+    if scale is None or scale.data_location == onnx.TensorProto.EXTERNAL:
+        return np.dtype(np.float32)
+    return numpy_helper.to_array(scale).dtype
 
 
 def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
@@ -322,7 +331,8 @@ def rounded_only(model: onnx.ModelProto) -> dict[str, int]:
     nodes = list(all_nodes(model.graph))
     dequantized = {node.output[0] for node in nodes if node.op_type == "DequantizeLinear"}
     counts = Counter(node.op_type for node in nodes
-                     if node.op_type not in ("QuantizeLinear", "DequantizeLinear") and dequantized.intersection(node.input))  # fmt: skip
+                     if node.op_type not in ("QuantizeLinear", "DequantizeLinear")
+                     and dequantized.intersection(node.input))  # fmt: skip
     return dict(sorted(counts.items()))
 
 
@@ -360,7 +370,8 @@ RECURRENT_OP_TYPES = frozenset({"GRU", "LSTM", "RNN"})
 _TABLE_LOOKUPS = frozenset({"EmbedLayerNormalization"})
 # A node reading weights stored in these types computes with quantized weights: the float matrices beside them are
 # their scales (DynamicQuantizeLSTM's per-channel W_scale is [directions, 4 * hidden]), not weights left float.
-_QUANTIZED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4, onnx.TensorProto.UINT4})
+_QUANTIZED_TYPES = frozenset({onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT4,
+                              onnx.TensorProto.UINT4})  # fmt: skip
 
 
 def _float_weighted(model: onnx.ModelProto) -> tuple[Counter[str], Counter[str]]:

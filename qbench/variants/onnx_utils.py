@@ -37,7 +37,8 @@ from qbench.variants.base import BuildContext, BuiltVariant
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
 SESSION_METADATA_PREFIX = "onnxruntime.session_options."
 # Integer kernels that ORT's dynamic (IntegerOps) quantizer substitutes for float ops.
-INTEGER_KERNELS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention", "DynamicQuantizeLSTM"})
+INTEGER_KERNELS = frozenset({"MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QAttention",
+                             "DynamicQuantizeLSTM"})  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -135,7 +135,8 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
     where = "computing in float32" if _float64_layers(model, op_types) else "in the standard ONNX domain"
-    return f"nothing to quantize (no {named} node {where}{kept}{float64_clause(model, op_types)}{nested_clause(model, op_types)})"
+    clauses = f"{kept}{float64_clause(model, op_types)}{nested_clause(model, op_types)}"
+    return f"nothing to quantize (no {named} node {where}{clauses})"
 
 
 def float64_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:

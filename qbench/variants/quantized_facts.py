@@ -56,8 +56,9 @@ _KERNELS = {
     "QLinearMatMul": _Kernel("MatMul", ((3, 4, 5),)),
     "QGemm": _Kernel("Gemm", ((3, 4, 5),)),
     # its five constant tables (word, position, segment embeddings, gamma, beta): (table, scale, zero point)
-    "QEmbedLayerNormalization": _Kernel("EmbedLayerNormalization", ((2, 8, 13), (3, 9, 14), (4, 10, 15), (5, 11, 16), (6, 12, 17))),
-}
+    "QEmbedLayerNormalization": _Kernel("EmbedLayerNormalization",
+                                        ((2, 8, 13), (3, 9, 14), (4, 10, 15), (5, 11, 16), (6, 12, 17))),
+}  # fmt: skip
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _BIAS_TYPES = frozenset({np.dtype(np.int32), np.dtype(np.int64)})  # a quantized bias is no weight matrix
 
@@ -320,7 +321,8 @@ def _held(nodes: list[NodeFacts], asked: dict[str, Any]) -> list[tuple[str, dict
     differ("weight_type", weights(lambda w, v: f"{w.element_type} weights" if w.element_type != v else ""))
     differ("per_channel", weights(lambda w, v: f"{'per-channel' if w.per_channel else 'per-tensor'} weights"
                                   if w.per_channel != v and w.channels > 1 else ""))  # fmt: skip
-    differ("reduce_range", weights(lambda w, v: f"{w.bits}-bit weights" if w.bits is not None and (w.bits == 7) != v else ""))
+    differ("reduce_range",
+           weights(lambda w, v: f"{w.bits}-bit weights" if w.bits is not None and (w.bits == 7) != v else ""))
     differ("weight_symmetric", weights(lambda w, v: "asymmetric weights" if v is True and not w.symmetric else ""))
     static = [node for node in nodes if node.activations.mode == "static"]
     if static and asked.get("activation_type") in ("int8", "uint8"):

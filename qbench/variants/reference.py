@@ -90,7 +90,8 @@ def normalise(model: onnx.ModelProto) -> None:
 def _cast_likes_as_casts(model: onnx.ModelProto) -> None:
     """Each standard CastLike, in every subgraph too, whose second input's element type is known becomes the Cast to
     that type (its saturate attribute kept), in place: the same values, read from its first input alone."""
-    cast_likes = [node for node in all_nodes(model.graph) if node.op_type == "CastLike" and node.domain in ("", "ai.onnx")]
+    cast_likes = [node for node in all_nodes(model.graph)
+                  if node.op_type == "CastLike" and node.domain in ("", "ai.onnx")]  # fmt: skip
     if not cast_likes:
         return  # the usual graph: no shape inference
     types = value_types(model)

@@ -51,5 +51,6 @@ def _as_onnx(schema: object) -> onnx.defs.OpSchema:
             is_homogeneous=param.isHomogeneous)  # fmt: skip
 
     constraints = [(c.type_param_str, list(c.allowed_type_strs), c.description) for c in schema.type_constraints]
-    return onnx.defs.OpSchema(schema.name, schema.domain, schema.since_version, inputs=[formal(p) for p in schema.inputs],
+    return onnx.defs.OpSchema(schema.name, schema.domain, schema.since_version,
+                              inputs=[formal(p) for p in schema.inputs],
                               outputs=[formal(p) for p in schema.outputs], type_constraints=constraints)  # fmt: skip

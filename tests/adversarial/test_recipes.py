@@ -236,7 +236,8 @@ YAML_STRUCTURE = [
     ("billion-laughs", raw(_laughs()), ["recipe.yaml", "aliases expand"]),
     ("recursive-alias", raw("name: &a [x, *a]\n"), ["recipe.yaml", "line 1", "alias"]),
     ("duplicate-top-key", valid_then("name: other\n"), ["recipe.yaml", "duplicate key 'name'"]),
-    ("duplicate-nested-key", raw("name: a\ngate:\n  max_drop: 0.1\n  max_drop: 0.2\n"), ["line 4", "duplicate key 'max_drop'"]),
+    ("duplicate-nested-key", raw("name: a\ngate:\n  max_drop: 0.1\n  max_drop: 0.2\n"),
+     ["line 4", "duplicate key 'max_drop'"]),
     ("deep-nesting", raw("name: " + "[" * 5000 + "]" * 5000 + "\n"), ["recipe.yaml", "nested"]),
     ("huge-string", raw("name: " + "x" * 50_000 + "\n"), ["recipe.yaml", "line 1", "characters"]),
     ("huge-list", raw("variants: [" + ", ".join(["1"] * 20_000) + "]\n"), ["recipe.yaml", "entries"]),
@@ -253,7 +254,7 @@ YAML_STRUCTURE = [
     ("complex-key", raw("? [a, b]\n: 1\n"), ["recipe.yaml", "single value"]),
     ("unclosed-bracket", raw("name: x\nmodel: [unclosed\n"), ["recipe.yaml", "invalid YAML"]),
     ("date-for-name", unquoted_name("2024-01-01"), ["name", "datetime.date"]),
-]
+]  # fmt: skip
 
 FILES = [
     ("missing-model", changed(("model.path", "nowhere.onnx")), ["model.path", "not found"]),
@@ -262,14 +263,15 @@ FILES = [
     ("garbage-model", with_files(lambda f: (f / "m.onnx").write_bytes(b"\x00garbage" * 10), ("model.path", "m.onnx")),
      ["model.path", "m.onnx"]),  # fmt: skip
     ("missing-data-file", changed(("data.path", "nowhere.parquet")), ["data.path", "not found"]),
-    ("garbage-parquet", with_files(lambda f: (f / "d.parquet").write_bytes(b"PAR1 not really"), ("data.path", "d.parquet")),
+    ("garbage-parquet",
+     with_files(lambda f: (f / "d.parquet").write_bytes(b"PAR1 not really"), ("data.path", "d.parquet")),
      ["data.path", "d.parquet"]),  # fmt: skip
     ("unsupported-format", with_files(lambda f: (f / "d.xlsx").write_bytes(b"x"), ("data.path", "d.xlsx")),
      ["data.path", "d.xlsx"]),  # fmt: skip
     ("empty-csv", with_files(lambda f: (f / "d.csv").write_text(""), ("data.path", "d.csv")), ["data.path", "d.csv"]),
     ("missing-calibration-file", changed(("data.calibration.path", "nowhere.csv")), ["data.calibration.path"]),
     ("plain-folder-for-data", with_files(lambda f: (f / "dd").mkdir(), ("data.path", "dd")), ["data.path", "dd"]),
-]
+]  # fmt: skip
 
 FILTERS = [
     ("list-for-scalar", changed(("data.evaluation.filter", {"band": ["small", "large"]})),
@@ -300,14 +302,16 @@ FILTERS = [
      ["data.slices[0].filter", "band"]),  # fmt: skip
     ("unknown-column", changed(("data.evaluation.filter", {"subsett": "test"})),
      ["data.evaluation.filter.subsett", "did you mean 'subset'"]),  # fmt: skip
-    ("selects-nothing", changed(("data.evaluation.filter", {"subset": "holdout"})), ["data.evaluation.filter", "no rows"]),
-]
+    ("selects-nothing", changed(("data.evaluation.filter", {"subset": "holdout"})),
+     ["data.evaluation.filter", "no rows"]),
+]  # fmt: skip
 
 # problems that used to surface only after a whole sweep: also checked through `qbench sweep`
 PREFLIGHT = [
     ("no-variants", changed(("variants", [])), ["variants", "no variant"]),
     ("only-fp32", changed(("variants", [{"name": "fp32", "precision": "fp32"}])), ["variants", "no variant"]),
-    ("gate-matches-nothing", changed(("gate.applies_to", ["fp16*", "int4"])), ["gate.applies_to", "matches no variant"]),
+    ("gate-matches-nothing", changed(("gate.applies_to", ["fp16*", "int4"])),
+     ["gate.applies_to", "matches no variant"]),
     ("gate-only-reference", changed(("gate.applies_to", ["fp32"])), ["gate.applies_to", "reference"]),
     ("output-dir-is-file", with_files(lambda f: (f / "out").write_text("x"), ("output_dir", "out")),
      ["output_dir", "is a file"]),  # fmt: skip
@@ -325,14 +329,15 @@ PREFLIGHT = [
      ["data.slices[0]", "'cal'", "evaluation rows"]),  # fmt: skip
     ("ragged-csv-long-row", with_table(_csv_text(['"[0.5]",1,test,small,EXTRA']), ".csv"),
      ["data.path", "rows.csv", "line 5", "5 fields"]),  # fmt: skip
-    ("ragged-csv-short-row", with_table(_csv_text(['"[0.5]",1']), ".csv"), ["data.path", "rows.csv", "line 5", "2 fields"]),
+    ("ragged-csv-short-row", with_table(_csv_text(['"[0.5]",1']), ".csv"),
+     ["data.path", "rows.csv", "line 5", "2 fields"]),
     ("nan-inputs", with_table(_nan_rows("x", [0, 5, 9], np.nan)), ["data.inputs.x", "'x': 3 rows", "slices:", "drop"]),
     ("inf-inputs", with_table(_nan_rows("x", [2], np.inf)), ["data.inputs.x", "'x': 1 row", "band="]),
     ("nan-inputs-under-limit",
      with_table(_nan_rows("x", [1], -np.inf), ".parquet", ("data.evaluation.limit", 5), ("data.slices", [])),
      ["data.inputs.x", "evaluation rows"]),  # fmt: skip
     ("nan-inputs-bad-policy", changed(("data.nonfinite_inputs", "ignore")), ["data.nonfinite_inputs", "drop"]),
-]
+]  # fmt: skip
 
 
 def _params(cases: list[tuple[str, Builder, list[str]]], *, sweep: bool) -> list[Any]:

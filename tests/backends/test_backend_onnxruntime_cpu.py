@@ -240,7 +240,8 @@ def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_p
                               values_floats=[0.2, 0.8], default_float=0.5),
              helper.make_node("Reshape", ["found", "column"], ["score"])]  # fmt: skip
     model = helper.make_model(helper.make_graph(nodes, "g", [text], [score], shapes), ir_version=8,
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])  # fmt: skip
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("ai.onnx.ml", 3)])  # fmt: skip
     path = tmp_path / "text.onnx"
     onnx.save(model, str(path))
     with pytest.raises(QbenchError) as caught:

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime
 import pytest
 import yaml
-from matmul_model import WEIGHT, save_matmul_model
+from matmul_model import WEIGHT
 
 from qbench.backends import get_backend
 from qbench.backends import onnxruntime_gpu as gpu_module
@@ -28,12 +28,6 @@ from qbench.backends.onnxruntime_gpu import (
 from qbench.cli.app import main
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.variants.base import BuiltVariant
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """y = x @ WEIGHT, x: (batch, 3) float32."""
-    return save_matmul_model(tmp_path_factory.mktemp("model") / "matmul.onnx")
 
 
 def _variant(path: Path, precision: str = "fp32") -> BuiltVariant:

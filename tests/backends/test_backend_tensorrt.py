@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import yaml
-from matmul_model import WEIGHT, save_matmul_model, save_onnx
+from matmul_model import WEIGHT, save_onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.backends import get_backend
@@ -40,12 +40,6 @@ from qbench.cli.app import main
 from qbench.errors import MissingExtraError, QbenchError
 from qbench.modelinfo.signature import read_model_info
 from qbench.variants.base import BuiltVariant
-
-
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """y = x @ WEIGHT, x: (batch, 3) float32."""
-    return save_matmul_model(tmp_path_factory.mktemp("model") / "matmul.onnx")
 
 
 def _qdq_model(path: Path, zero_point_type: int, zero_point: int) -> Path:

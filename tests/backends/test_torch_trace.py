@@ -139,7 +139,8 @@ def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_pat
     the LSTM, most of the weights, ran in float32 (an nn.GRU's addmm/mm were counted)."""
     torch.manual_seed(0)
     spec = VariantSpec(name="int8", precision="int8", calibrator="dynamic")
-    variant = attach_torch_form(BuiltVariant("int8", "int8", onnx_path), spec, ModuleSource(RecurrentThenLinear(layer).eval()))
+    variant = attach_torch_form(BuiltVariant("int8", "int8", onnx_path), spec,
+                                ModuleSource(RecurrentThenLinear(layer).eval()))  # fmt: skip
     runner = TorchCPU().load(variant, RunOptions(threads=1))
     try:
         runner.run({"x": np.random.default_rng(0).standard_normal((16, FEATURES)).astype(np.float32)})

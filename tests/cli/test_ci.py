@@ -51,7 +51,8 @@ def recipe(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "data": {"path": "data.parquet", "inputs": {"x": "input"}, "label": "y", "slices": [{"by": "kind"}],
                  "calibration": {"filter": {"subset": "calib"}, "samples": 32},
                  "evaluation": {"filter": {"subset": "test"}}},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1},
         "gate": GATE, "output_dir": str(root / "reports"),
     }  # fmt: skip
@@ -258,7 +259,8 @@ def test_under_github_actions_a_breach_and_an_error_are_annotated_once(recipe):
     assert (error.returncode, error.stderr.splitlines()) == (2, [f"error: {missing}: results file not found",
                                                                  f"::error title=qbench::{missing}: results file not found"])  # fmt: skip
     unmatched = recipe.with_name("unmatched-annotated.yaml")  # unusable: the annotation names the problem itself
-    unmatched.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()), "gate": {**GATE, "applies_to": ["bf16*"]}}))
+    unmatched.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()),
+                                         "gate": {**GATE, "applies_to": ["bf16*"]}}))  # fmt: skip
     unusable = run_qbench("gate", str(unmatched), GITHUB_ACTIONS="true")
     (annotation,) = [line for line in unusable.stderr.splitlines() if line.startswith("::")]
     assert unusable.returncode == 2 and "gate: FAIL (results unusable)" in annotation and "'bf16*'" in annotation

@@ -50,7 +50,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Project:
     root = tmp_path_factory.mktemp("cli_gate")
     recipe = make_user_project(root)
     raw = yaml.safe_load(recipe.read_text())
-    raw["variants"] = [{"name": "fp16", "precision": "fp16"}, {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
+    raw["variants"] = [{"name": "fp16", "precision": "fp16"},
+                       {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]  # fmt: skip
     raw["latency"] = {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1, "stability": None}
     raw["gate"] = STRICT
     del raw["tracking"]
@@ -269,7 +270,8 @@ def test_a_report_on_stdout_is_valid_when_the_results_are_unusable(tmp_path, cap
 
 def test_a_report_on_a_name_of_stdout_is_written_there_alone(project, tmp_path, capsys):
     for target in ("/dev/stdout", "-"):  # real processes: what reaches file descriptor 1, not only sys.stdout
-        done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json", target],
+        done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", str(project.recipe(STRICT)), "--json",
+                               target],
                               capture_output=True, text=True, timeout=120, check=False,
                               env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})  # fmt: skip
         assert (done.returncode, json.loads(done.stdout)["verdict"]) == (1, "breach")
@@ -296,7 +298,8 @@ def test_long_paths_stay_on_one_line_in_a_non_terminal(tmp_path):
     report = deep / "gate.json"
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "GITHUB_STEP_SUMMARY")}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", "--results", str(results), "--json", str(report)],
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "gate", "--results", str(results), "--json",
+                           str(report)],
                           capture_output=True, text=True, env=env, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 2
     assert len(str(report)) > 200

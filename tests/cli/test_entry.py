@@ -154,7 +154,8 @@ def _double_zipmap_project(tmp_path):
 
     rng = np.random.default_rng(0)
     x, y = rng.normal(size=(60, 4)), np.arange(60) % 3
-    model = convert_sklearn(LogisticRegression(max_iter=300).fit(x, y), initial_types=[("x", DoubleTensorType([None, 4]))],
+    model = convert_sklearn(LogisticRegression(max_iter=300).fit(x, y),
+                            initial_types=[("x", DoubleTensorType([None, 4]))],
                             target_opset=17)  # fmt: skip
     (tmp_path / "m.onnx").write_bytes(model.SerializeToString())
     pd.DataFrame({"x": list(x), "y": y}).to_parquet(tmp_path / "d.parquet")

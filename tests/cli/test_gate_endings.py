@@ -158,7 +158,8 @@ def test_gate_ending_without_its_verdict_says_why(project, tmp_path, hook, actio
         assert ending.stderr.strip().splitlines()[-1] == "qbench: error: interrupted"
 
 
-@pytest.mark.parametrize(("hook", "checks"), [("qbench.recipe.spec:load_recipe", 0), ("qbench.cli.gate:report_gate", 4)],
+@pytest.mark.parametrize(("hook", "checks"),
+                         [("qbench.recipe.spec:load_recipe", 0), ("qbench.cli.gate:report_gate", 4)],
                          ids=["before-the-sweep", "after-the-verdict"])  # fmt: skip
 def test_sweep_gate_signalled_outside_the_sweep_says_why(project, tmp_path, hook, checks):
     """`sweep --gate` wrote reports for a signal inside run_sweep only: none for one while the recipe loads, and the

@@ -55,7 +55,8 @@ def test_calibration_rows_repeating_evaluation_rows_below_float32s_precision_are
 
 
 def test_numeric_dtypes_keeps_the_inputs_fed_numbers() -> None:
-    types = {"x": TensorMeta("x", np.dtype(np.float32), (None, 4)), "words": TensorMeta("words", np.dtype(object), (None,)),
+    types = {"x": TensorMeta("x", np.dtype(np.float32), (None, 4)),
+             "words": TensorMeta("words", np.dtype(object), (None,)),
              "ids": "int64", "mask": "bool", "half": "bfloat16"}  # fmt: skip
     assert numeric_dtypes(types) == {"x": np.dtype(np.float32), "ids": np.dtype(np.int64), "mask": np.dtype(bool)}
 
@@ -67,7 +68,8 @@ def test_text_cells_are_left_as_written() -> None:
 
 
 def test_a_column_of_arrays_is_cast_on_the_rows_digested_alone() -> None:
-    table = pd.DataFrame({"x": [np.array([0.1 + 0.2, 1.0]), np.array([0.3, 1.0]), np.array([0.5, 2.0])], "y": [0, 0, 1]})
+    table = pd.DataFrame({"x": [np.array([0.1 + 0.2, 1.0]), np.array([0.3, 1.0]), np.array([0.5, 2.0])],
+                          "y": [0, 0, 1]})  # fmt: skip
     content = content_table(table, DATA, recipe_file=RECIPE, rows=np.array([0, 1]), dtypes=FLOAT32)
     assert [cell.dtype for cell in content["x"]] == [np.dtype(np.float32)] * 2 + [np.dtype(np.float64)]
     assert row_digests(content, np.array([0, 1]), ["x"]).tolist() == [row_digests(content, np.array([1]), ["x"])[0]] * 2

@@ -156,22 +156,20 @@ def test_one_feature_column_for_an_input_of_several_features_says_how_to_feed_th
     np.testing.assert_array_equal(_feed(table, "features", _meta("X", (None, 13))), values.astype(np.float32))
 
 
-def test_unknown_column_suggests_the_closest() -> None:
+@pytest.mark.parametrize(
+    ("inputs", "message"),
+    [
+        ({"pixel": "image"}, "recipe.yaml: data.inputs: column 'pixel' is not in the table; expected one of ink, "
+                             "label, pixels (did you mean 'pixels'?)"),
+        ({"pixels": "imgae"}, "recipe.yaml: data.inputs.pixels: 'imgae' is not an input of the model; expected one of "
+                              "image (did you mean 'image'?)"),
+    ],
+    ids=["an unknown column suggests the closest", "an unknown input name lists the model's inputs"],
+)  # fmt: skip
+def test_a_misspelt_column_or_input_is_named_with_the_closest(inputs: dict[str, str], message: str) -> None:
     with pytest.raises(RecipeError) as info:
-        build_feeds(_digits(), np.arange(2), {"pixel": "image"}, _meta("image", (None, 64)), recipe_file=RECIPE)
-    assert str(info.value) == (
-        "recipe.yaml: data.inputs: column 'pixel' is not in the table; expected one of ink, label, pixels "
-        "(did you mean 'pixels'?)"
-    )
-
-
-def test_unknown_input_name_lists_the_models_inputs() -> None:
-    with pytest.raises(RecipeError) as info:
-        build_feeds(_digits(), np.arange(2), {"pixels": "imgae"}, _meta("image", (None, 64)), recipe_file=RECIPE)
-    assert str(info.value) == (
-        "recipe.yaml: data.inputs.pixels: 'imgae' is not an input of the model; expected one of image "
-        "(did you mean 'image'?)"
-    )
+        build_feeds(_digits(), np.arange(2), inputs, _meta("image", (None, 64)), recipe_file=RECIPE)
+    assert str(info.value) == message
 
 
 def test_every_model_input_needs_exactly_one_column() -> None:
@@ -231,7 +229,8 @@ def test_values_too_large_for_a_float_input_are_rejected_not_fed_as_inf() -> Non
         _feed(table, "reading", _meta("x", (None,)))
     assert str(info.value) == ("recipe.yaml: data.inputs: column 'reading' holds 2 values beyond float32's range "
                                "(e.g. 2e+39), which would become inf, but model input 'x' expects float32")  # fmt: skip
-    assert _feed(table.iloc[[0, 3]], "reading", _meta("x", (None,))).tolist() == [1.5, np.inf]  # inf: the NaN/inf check's
+    # an inf the file holds itself is fed as it is: the NaN/inf check judges it
+    assert _feed(table.iloc[[0, 3]], "reading", _meta("x", (None,))).tolist() == [1.5, np.inf]
     with pytest.raises(RecipeError, match=r"holds 1 value beyond float16's range \(e.g. 7e\+04\)"):
         _feed(pd.DataFrame({"reading": [1.0, 70000.0]}), "reading", _meta("x", (None,), "float16"))
 
@@ -248,7 +247,8 @@ def test_integers_a_float_input_cannot_hold_exactly_are_fed_rounded_with_a_warni
                                "float32 would)"]  # fmt: skip
     caplog.clear()
     with caplog.at_level("WARNING", logger="qbench"):  # exact: 2**24 itself, 2**25 (even), anything float64 holds
-        _feed(pd.DataFrame({"item": np.array([16777216, 2**25, -(2**24), 7], dtype=np.int64)}), "item", _meta("x", (None,)))
+        exact = pd.DataFrame({"item": np.array([16777216, 2**25, -(2**24), 7], dtype=np.int64)})
+        _feed(exact, "item", _meta("x", (None,)))
         _feed(table, "item", _meta("x", (None,), "float64"))
     assert caplog.messages == []
     with caplog.at_level("WARNING", logger="qbench"):
@@ -418,11 +418,13 @@ def test_one_text_cell_among_number_lists_is_named_with_its_row() -> None:
     """Stacked, one text cell would make every number text: the error names that cell, not row 0's numbers."""
     table = pd.DataFrame({"x": [[0.5, 1.5], [1.0, "a"], [2.0, 3.0], ["4", "5"]]}, index=[10, 11, 12, 13])
     with pytest.raises(
-        RecipeError, match=r"column 'x': 2 rows among numeric ones hold non-numeric values such as 'a' \(first at row 11\)"
+        RecipeError,
+        match=r"column 'x': 2 rows among numeric ones hold non-numeric values such as 'a' \(first at row 11\)",
     ):
         _feed(table, "x", _meta("x", (None, 2)))
     quoted = pd.DataFrame({"x": [[0.5, 1.5], ["4", "5"]]}, index=[0, 7])
-    with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' \(first at row 7\)"):
+    with pytest.raises(RecipeError, match=r"1 row among numeric ones holds numbers written as text such as '4' "
+                                          r"\(first at row 7\)"):  # fmt: skip
         _feed(quoted, "x", _meta("x", (None, 2)))
 
 
@@ -458,7 +460,8 @@ def test_a_text_column_feeds_a_string_input_of_a_real_model(tmp_path: Path) -> N
 
 def test_a_missing_or_numeric_cell_for_a_string_input_is_named_with_its_row() -> None:
     meta = _meta("city", (None, 1), "object")
-    with pytest.raises(RecipeError, match=r"column 'town' holds no value at row 1; expected text for the string input 'city'"):
+    with pytest.raises(RecipeError, match=r"column 'town' holds no value at row 1; expected text for the string "
+                                          r"input 'city'"):  # fmt: skip
         _feed(pd.DataFrame({"town": ["lima", None]}), "town", meta)
     with pytest.raises(RecipeError, match=r"column 'town' holds 3 at row 0; expected text for the string input 'city' "
                                           r"\(the file stores this column as numbers, '007' as 7: store"):
@@ -484,7 +487,8 @@ def test_integers_changed_by_a_float_cast_match_a_value_by_value_check(dtype: st
 
 def test_integers_beyond_a_float16_inputs_range_are_rejected_not_fed_as_inf() -> None:
     with pytest.raises(RecipeError, match=r"column 'reading' holds 1 value beyond float16's range \(e.g. 7e\+04\)"):
-        _feed(pd.DataFrame({"reading": np.array([1, 70000], dtype=np.int64)}), "reading", _meta("x", (None,), "float16"))
+        beyond = pd.DataFrame({"reading": np.array([1, 70000], dtype=np.int64)})
+        _feed(beyond, "reading", _meta("x", (None,), "float16"))
 
 
 def test_a_parquet_list_column_stacks_in_one_call_as_cell_by_cell(tmp_path: Path) -> None:

@@ -391,7 +391,8 @@ def test_a_text_that_is_no_date_against_iso_text_dates_is_refused_and_a_column_o
     table = pd.DataFrame({"day": ["2026-03-01", "2026-03-02"], "local": ["03/01/2026", "04/01/2026"]})
     with pytest.raises(RecipeError, match=r"got 'unknown': column 'day' holds ISO 8601 dates or times"):
         filter_mask(table, {"day": {"ne": "unknown"}}, field=FIELD, recipe_file=RECIPE)
-    with pytest.raises(RecipeError, match=r"holds text values that are not all ISO 8601 dates .* \(e.g. '03/01/2026'\)"):
+    with pytest.raises(RecipeError,
+                       match=r"holds text values that are not all ISO 8601 dates .* \(e.g. '03/01/2026'\)"):
         filter_mask(table, {"local": {"ge": "2026-03-15"}}, field=FIELD, recipe_file=RECIPE)
 
 

@@ -256,7 +256,8 @@ def test_a_sweep_of_fp16_and_int8_reads_the_images_as_decoded_by_hand(tmp_path):
                  "inputs": {"file": {"image": {"root": "images", "mean": MEAN, "std": STD}}},
                  "calibration": {"filter": {"split": "calib"}, "samples": 16},
                  "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "tint"}]},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
         "gate": {"metric": "agreement", "max_drop": 1.0}, "output_dir": str(tmp_path / "reports"),
     }  # fmt: skip

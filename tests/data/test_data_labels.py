@@ -58,10 +58,11 @@ def test_label_columns_of_every_zero_one_kind_read_as_the_list_a_list_column_hol
         ("b", ["yes", "no", "no"], "recipe.yaml: data.label[1]: column 'b' is not 0/1 in 3 rows, e.g. row 0 ('yes')"),
         ("b", [0.0, np.nan, 1.0], "recipe.yaml: data.label[1]: column 'b' has no value in 1 row, e.g. row 1 of the "
                                   "table; expected 0/1 or true/false in every row"),
-        ("b", pd.array([True, None, False], dtype="boolean"), "data.label[1]: column 'b' has no value in 1 row, e.g. row 1"),
+        ("b", pd.array([True, None, False], dtype="boolean"),
+         "data.label[1]: column 'b' has no value in 1 row, e.g. row 1"),
         ("b", ["1", "", "0"], "data.label[1]: column 'b' is not 0/1 in 1 row, e.g. row 1 ('')"),
     ],
-)
+)  # fmt: skip
 def test_a_cell_that_is_not_zero_or_one_names_the_column_and_the_row(column, cells, expected) -> None:
     table = pd.DataFrame({"a": [1, 0, 1], column: cells})
     with pytest.raises(RecipeError) as caught:

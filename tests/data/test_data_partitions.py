@@ -77,7 +77,8 @@ def test_partition_values_are_read_as_csv_cells_are(tmp_path: Path) -> None:
     [
         ({"a.parquet": {"x": [1]}, "b.parquet": {"x": [1.5]}},
          r"part b.parquet holds columns x: double, part a.parquet x: int64; expected every part to hold the same columns"),
-        ({"a.parquet": {"x": [1]}, "b.parquet": {"x": [1], "z": [2]}}, r"part b.parquet holds columns x: int64, z: int64"),
+        ({"a.parquet": {"x": [1]}, "b.parquet": {"x": [1], "z": [2]}},
+         r"part b.parquet holds columns x: int64, z: int64"),
         ({"a=1/p.parquet": {"x": [1]}, "b=2/p.parquet": {"x": [1]}},
          r"b=2/p.parquet is under partition keys \(b\), a=1/p.parquet under \(a\); expected every part under the same"),
         ({"x=1/p.parquet": {"x": [1]}}, r"column 'x' is both in part x=1/p.parquet and in its folder name"),

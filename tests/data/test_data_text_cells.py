@@ -53,7 +53,8 @@ def test_multilabel_labels_written_as_json_list_text_are_lists_in_every_format(t
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_regression_targets_written_as_text_are_numbers_in_every_format(tmp_path: Path, fmt: str) -> None:
     targets = ["-1.552002", "2.5", "1e-3"]
-    table = _load(_write(pd.DataFrame({"x": ["1", "2", "3"], "t": targets}), tmp_path, fmt), inputs={"x": "x"}, label="t")
+    table = _load(_write(pd.DataFrame({"x": ["1", "2", "3"], "t": targets}), tmp_path, fmt), inputs={"x": "x"},
+                  label="t")  # fmt: skip
     data = DataSpec.model_validate({"path": "rows", "inputs": {"x": "x"}, "label": "t"})
     positions = np.arange(3)
     labels = REGRESSION.labels_from_values(label_cells(table, data, positions, recipe_file=RECIPE), positions)

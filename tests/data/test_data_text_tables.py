@@ -36,7 +36,8 @@ def test_a_semicolon_file_with_decimal_commas_reads_as_declared(tmp_path: Path) 
 def test_columns_fed_to_the_model_keep_their_text_as_written(tmp_path: Path) -> None:
     path = tmp_path / "rows.csv"
     path.write_text("size;y\n1,5;0\n2;1\n")
-    table = load_table(path, recipe_file=RECIPE, text_columns=["size"], verbatim_columns=["size"], csv_dialect=SEMICOLON)
+    table = load_table(path, recipe_file=RECIPE, text_columns=["size"], verbatim_columns=["size"],
+                       csv_dialect=SEMICOLON)  # fmt: skip
     assert table["size"].tolist() == ["1,5", "2"]
 
 

@@ -5,7 +5,8 @@ The metric (`probe_<tag>:agreement_probe`, top-1 accuracy) appends its process i
 it on every call, and obeys two control files there:
 
     interrupt_at   holds N: on the N-th call, SIGINT to its own process (the sweep's, with the local executor)
-    segv_at        holds N: the N-th call kills its own process with SIGSEGV, once (a native library's crash)
+    segv_at        holds N (or N M ...): the N-th call kills its own process with SIGSEGV, once (a native library's
+                   crash), then the M-th...
     kill_tree_at   holds N: the N-th call stops its parent (the supervising `qbench` process: SIGSTOP, it records
                    nothing then), writes `tree_stopped`, and kills its own process (SIGKILL), once; the test then
                    kills the parent (the whole process tree killed from outside: a cancelled CI job)
@@ -68,8 +69,12 @@ def agreement_probe(outputs, labels):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # the handler raises in the main thread before this ends
     segv = HERE / "segv_at"
-    if segv.is_file() and count >= int(segv.read_text()):
-        segv.unlink()
+    if segv.is_file() and count >= int(segv.read_text().split()[0]):
+        later = segv.read_text().split()[1:]
+        if later:
+            segv.write_text(" ".join(later))
+        else:
+            segv.unlink()
         os.kill(os.getpid(), signal.SIGSEGV)
     tree = HERE / "kill_tree_at"
     if tree.is_file() and count >= int(tree.read_text()):

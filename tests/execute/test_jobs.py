@@ -37,7 +37,8 @@ def _relu(path: Path, doc: str = "") -> Path:
 def test_an_identical_variant_carries_only_what_is_true_of_the_form_its_twins_backend_ran(tmp_path: Path) -> None:
     spec = VariantSpec(name="fp16-again", precision="fp16")
     graph_note = "kept in FP32: TopK (FP16 has no kernel for it)"
-    built = attach_torch_form(BuiltVariant("fp16-again", "fp16", _relu(tmp_path / "m.onnx"), params={"converted_nodes": 3},
+    built = attach_torch_form(BuiltVariant("fp16-again", "fp16", _relu(tmp_path / "m.onnx"),
+                                           params={"converted_nodes": 3},
                                            notes=(graph_note,)), spec, _Source())  # fmt: skip
     on_torch = identical(built, make_variant("fp16", "fp16", backend="torch-cpu"))
     on_ort = identical(built, make_variant("fp16", "fp16", backend="onnxruntime-cpu"))

@@ -39,7 +39,8 @@ def _versions(monkeypatch: pytest.MonkeyPatch, **changed: str) -> None:
     """Package metadata as if the distributions named in `changed` (underscores for dashes) were at those versions."""
     real = environment.package_version
     overrides = {name.replace("_", "-"): version for name, version in changed.items()}
-    monkeypatch.setattr(environment, "package_version", lambda name: overrides.get(name.replace("_", "-")) or real(name))
+    monkeypatch.setattr(environment, "package_version",
+                        lambda name: overrides.get(name.replace("_", "-")) or real(name))  # fmt: skip
 
 
 def _keys(recipe: Recipe) -> dict[str, str]:
@@ -55,7 +56,8 @@ def test_the_build_key_holds_the_versions_of_the_packages_its_technique_builds_w
     recipe = load_recipe(write_probe_recipe(user_project, tmp_path, variants=["fp16", "int8-minmax"]))
     before = _keys(recipe)
     assert _keys(recipe) == before  # nothing changed: the same keys
-    for package, changes in [("onnxruntime", {"fp32", "fp16", "int8-minmax"}), ("numpy", {"fp32", "fp16", "int8-minmax"}),
+    for package, changes in [("onnxruntime", {"fp32", "fp16", "int8-minmax"}),
+                             ("numpy", {"fp32", "fp16", "int8-minmax"}),
                              ("ml_dtypes", {"fp32", "fp16"}), ("nvidia_modelopt", set()), ("torchao", set())]:  # fmt: skip
         with monkeypatch.context() as patch:
             _versions(patch, **{package: "0.0.1"})

@@ -46,7 +46,8 @@ def ray_cluster() -> Iterator[list[int]]:
     """A local Ray cluster bound to 127.0.0.1 (its GCS, raylet and workers are this process's children), stopped
     after the module; teardown fails if any of its processes survives."""
     before = child_pids()
-    ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1",
+             include_dashboard=False,
              log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
     with stopped_without_survivors(ray.shutdown, before) as started:
         assert {node["NodeManagerAddress"] for node in ray.nodes()} == {"127.0.0.1"}

@@ -27,7 +27,8 @@ pytest.importorskip("PIL.Image")
 def ray_cluster() -> Iterator[list[int]]:
     """A local Ray cluster bound to 127.0.0.1, stopped after the module; teardown fails if any process survives."""
     before = child_pids()
-    ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1", include_dashboard=False,
+    ray.init(address="local", num_cpus=2, resources={TIMING_RESOURCE: 1}, _node_ip_address="127.0.0.1",
+             include_dashboard=False,
              log_to_driver=False, object_store_memory=100 * 1024 * 1024, configure_logging=False)  # fmt: skip
     with stopped_without_survivors(ray.shutdown, before) as started:
         yield started

@@ -74,7 +74,8 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "hold_after").write_text(str(2 * per_job))  # the dry run and fp32 measured; fp16's measurement waits while this exists
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     # the sweep's own process (qbench.cli.child), not the `qbench` command's supervising parent: killing that one ends
     # the sweep with SIGTERM (qbench.supervisor), which ends its runs itself
     sweep = subprocess.Popen([sys.executable, "-m", "qbench.cli.child", "sweep", str(recipe)], cwd=tmp_path, env=env,

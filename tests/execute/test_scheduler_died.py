@@ -32,14 +32,83 @@ def results_of(done: subprocess.CompletedProcess[str]) -> SweepResults:
     return read_results(Path(line.removeprefix("results: ").strip()))
 
 
-def test_a_crash_in_a_job_is_one_line_and_resume_records_that_job_failed(
+def test_a_crash_in_a_job_goes_on_with_the_other_jobs_and_fails_closed(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """The sweep's process dying in a job (a native library's segmentation fault) ended the command there: exit 2 and
+    a line asking for `qbench sweep --resume`, the variants after it never measured. The `qbench` command now resumes
+    the run itself: the job is recorded failed with its signal, every other one measured, and the gate fails closed."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))  # fp16's measure job's first call (after the dry run and fp32), once
+
+    swept = qbench("sweep", str(recipe), "--no-track", "--gate", cwd=tmp_path)
+    assert swept.returncode == 2, swept.stderr
+    crashed, resumed = sorted((tmp_path / "reports" / "tumour-mlp").glob("2*"))
+    assert (f"qbench: the `qbench sweep` process died running {FP16}: segmentation fault (SIGSEGV) inside a native "
+            f"library (the Python stack at that moment is above); going on with the other jobs: `--resume` of "
+            f"{crashed} records it failed (--stop-on-crash stops here instead)") in swept.stderr.splitlines()
+    assert "agreement_probe" in swept.stderr  # faulthandler: the Python stack where it died
+    assert len(set(probe_calls(tmp_path))) == 2  # the crashed process, then the one that resumed it
+    results = results_of(swept)
+    assert f"results: {resumed / 'results.json'}" in swept.stderr.splitlines()
+    status = {v.key: (v.status, v.error) for v in results.variants}
+    assert status["fp32@onnxruntime-cpu"] == ("ok", None) and status["int8-minmax@onnxruntime-cpu"] == ("ok", None)
+    assert status["fp16@onnxruntime-cpu"] == ("failed", "the sweep's process died while running it: segmentation "
+                                                        "fault (SIGSEGV) inside a native library")  # fmt: skip
+    assert "gate: FAIL (results unusable) — 1 of 2 variants cannot be judged: fp16@onnxruntime-cpu" in swept.stdout
+    last = swept.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"qbench: error: the sweep went on after its process died in {FP16} (segmentation fault"), last
+
+    gate = qbench("gate", str(recipe), cwd=tmp_path)
+    assert gate.returncode == 2 and "UNUSABLE fp16@onnxruntime-cpu: variant failed: the sweep's process died" in \
+        gate.stdout, gate.stdout + gate.stderr
+    again = qbench("sweep", str(recipe), "--no-track", "--resume", cwd=tmp_path)
+    assert again.returncode == 2 and "resuming it would change nothing" in again.stderr, again.stderr
+    before = len(probe_calls(tmp_path))
+    rerun = qbench("sweep", str(recipe), "--no-track", "--resume", "--rerun-failed", cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr  # the crash happened once: run again, fp16 is measured
+    assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, fp16: nothing else ran again
+    assert {v.key: v.status for v in results_of(rerun).variants}["fp16@onnxruntime-cpu"] == "ok"
+
+
+def test_a_crash_in_each_of_two_jobs_goes_on_twice_and_a_rerun_of_failed_jobs_keeps_one_that_died(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """Each crash is one line and one resume; with --rerun-failed, the resume after a crash runs again the jobs that
+    failed before the command, never one that died during it (it would die again, for ever)."""
+    _, per_job = local_figures
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    # fp16's first call, then int8-minmax's in the resume (after its dry run), then fp16's in the --rerun-failed below
+    (tmp_path / "segv_at").write_text(f"{2 * per_job + 1} {3 * per_job + 2} {5 * per_job + 3}")
+
+    swept = qbench("sweep", str(recipe), "--no-track", cwd=tmp_path)
+    assert swept.returncode == 2, swept.stderr
+    going_on = [line for line in swept.stderr.splitlines() if "going on with the other jobs" in line]
+    assert [line.split(" process died running ")[1].split(":")[0:2] for line in going_on] == [
+        ["measure", "fp16@onnxruntime-cpu"], ["measure", "int8-minmax@onnxruntime-cpu"]]
+    assert {v.key: v.status for v in results_of(swept).variants} == {
+        "fp32@onnxruntime-cpu": "ok", "fp16@onnxruntime-cpu": "failed", "int8-minmax@onnxruntime-cpu": "failed"}
+
+    rerun = qbench("sweep", str(recipe), "--no-track", "--resume", "--rerun-failed", cwd=tmp_path)
+    assert rerun.returncode == 2, rerun.stderr
+    (going_on,) = [line for line in rerun.stderr.splitlines() if "going on with the other jobs" in line]
+    assert f"died running {FP16}: segmentation fault" in going_on
+    status = {v.key: (v.status, v.error) for v in results_of(rerun).variants}
+    assert status["int8-minmax@onnxruntime-cpu"] == ("ok", None)  # failed before the command: run again
+    assert status["fp16@onnxruntime-cpu"][0] == "failed" and "segmentation fault" in str(status["fp16@onnxruntime-cpu"])
+    # after that crash, the resume's dry run and int8-minmax's measurement: fp16 did not run a third time
+    assert len(probe_calls(tmp_path)) == 7 * per_job + 3
+
+
+def test_with_stop_on_crash_a_crash_in_a_job_is_one_line_and_resume_records_that_job_failed(
     user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
     (tmp_path / "segv_at").write_text(str(2 * per_job + 1))  # fp16's measure job's first call (after the dry run and fp32), once
 
-    crashed = qbench("sweep", str(recipe), "--no-track", cwd=tmp_path)
+    crashed = qbench("sweep", str(recipe), "--no-track", "--stop-on-crash", cwd=tmp_path)
     assert crashed.returncode == 2, crashed.stderr
     (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     last = crashed.stderr.strip().splitlines()[-1]
@@ -64,10 +133,6 @@ def test_a_crash_in_a_job_is_one_line_and_resume_records_that_job_failed(
     assert status["fp16@onnxruntime-cpu"][0] == "failed"
     assert "died while running it: segmentation fault" in str(status["fp16@onnxruntime-cpu"][1])
     assert status["int8-minmax@onnxruntime-cpu"][0] == "ok"
-
-    rerun = qbench("sweep", str(recipe), "--no-track", "--resume", "--rerun-failed", cwd=tmp_path)
-    assert rerun.returncode == 0, rerun.stderr  # the crash happened once: run again, fp16 is measured
-    assert {v.key: v.status for v in results_of(rerun).variants}["fp16@onnxruntime-cpu"] == "ok"
 
 
 def test_an_interrupted_job_is_not_taken_for_one_the_process_died_in(

@@ -246,7 +246,8 @@ def test_a_store_refusing_writes_is_store_unwritable_and_a_refusal_elsewhere_is_
 
     monkeypatch.setattr(shutil, "copyfile", refuse)
     refused_at.append(tmp_path / "store" / "entry")
-    with pytest.raises(StoreUnwritable, match=f"^cannot write to the build store {tmp_path / 'store'}: Permission denied;"):
+    with pytest.raises(StoreUnwritable,
+                       match=f"^cannot write to the build store {tmp_path / 'store'}: Permission denied;"):  # fmt: skip
         store.publish(KEY, tmp_path / "build", manifest)
     refused_at[0] = tmp_path / "build" / "model.onnx"  # the build's own file: not the store's fault
     with pytest.raises(PermissionError):

@@ -25,7 +25,8 @@ def functions_model(path: Path) -> Path:
     named as a module-exporting exporter names them."""
     block = helper.make_function(
         "local", "Block", ["a", "w_up", "w_down"], ["out"],
-        [helper.make_node("MatMul", ["a", "w_up"], ["u"], name="up"), helper.make_node("Relu", ["u"], ["r"], name="act"),
+        [helper.make_node("MatMul", ["a", "w_up"], ["u"], name="up"),
+         helper.make_node("Relu", ["u"], ["r"], name="act"),
          helper.make_node("MatMul", ["r", "w_down"], ["out"], name="down")],
         [helper.make_opsetid("", 17)],
     )  # fmt: skip
@@ -68,7 +69,8 @@ def test_exclude_nodes_names_a_call_site_and_a_body_name_is_answered_with_the_ca
     model = load_model(tmp_path / "m.onnx")
     assert resolve_node_names(model, [LAYERS[1], "head"], "v") == [f"{LAYERS[1]}/{n}" for n in ("up", "act", "down")] + ["head"]
     for name in ("up", "up__2"):
-        with pytest.raises(QbenchError, match=r"exclude_nodes: no node named '[a-z_0-9]+' in the model \(nodes of local "
+        with pytest.raises(QbenchError,
+                           match=r"exclude_nodes: no node named '[a-z_0-9]+' in the model \(nodes of local "
                                               r"functions are named after their call site: '/layers.0/Block/up', "
                                               r"'/layers.1/Block/up'\)"):  # fmt: skip
             resolve_node_names(model, [name], "v")
@@ -99,7 +101,8 @@ def test_explaining_a_variant_whose_only_layers_sit_in_an_if_branch_says_why_in_
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
         [numpy_helper.from_array(rng.normal(size=(WIDTH, 4)).astype(np.float32), w) for w in ("w_then", "w_else")],
     )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "model.onnx"))  # fmt: skip
     assert main(["explain", str(path), "--variant", "int8", "--no-track"]) == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert error == ["error: explain: variant 'int8' quantizes no node, so nothing to explain: nothing to quantize (no MatMul "

@@ -66,7 +66,8 @@ def _rows(seed: int, count: int) -> dict[str, np.ndarray]:
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("amplifying")
     model = amplifying_mlp(root / "model.onnx")
-    return model, build_variant(Candidate("ort-static").spec("static"), BuildContext(model, root / "build", [_rows(1, 96)]))
+    return model, build_variant(Candidate("ort-static").spec("static"),
+                                BuildContext(model, root / "build", [_rows(1, 96)]))  # fmt: skip
 
 
 def test_the_first_layer_costs_most_at_the_outputs_where_per_layer_sqnr_blames_the_head(built, tmp_path):

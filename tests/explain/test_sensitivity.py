@@ -40,23 +40,19 @@ def fragile_model(path: Path, fragile: Sequence[str]) -> Path:
     undo it), so FP32 is unchanged while that MatMul's per-tensor INT8 input range is ruined."""
     rng = np.random.default_rng(0)
     weights: dict[str, np.ndarray] = {"w1": rng.normal(size=(WIDTH, WIDTH)) / 4, "w3": rng.normal(size=(WIDTH, 4)) / 4}
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"), helper.make_node("Relu", ["h1"], ["r1"], name="relu")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
+             helper.make_node("Relu", ["h1"], ["r1"], name="relu")]
     for branch in ("a", "b"):
         scale, weight = np.ones(WIDTH), rng.normal(size=(WIDTH, WIDTH)) / 4
         if branch in fragile:
             scale[0], weight[0, :] = OUTLIER, weight[0, :] / OUTLIER
         weights |= {f"s_{branch}": scale, f"w_{branch}": weight}
         nodes += [helper.make_node("Mul", ["r1", f"s_{branch}"], [f"o_{branch}"], name=f"scale_{branch}"),
-                  helper.make_node("MatMul", [f"o_{branch}", f"w_{branch}"], [f"h_{branch}"], name=f"branch_{branch}")]  # fmt: skip
-    nodes += [helper.make_node("Add", ["h_a", "h_b"], ["h2"], name="join"), helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]
-    graph = helper.make_graph(
-        nodes, "fragile",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    return path
+                  helper.make_node("MatMul", [f"o_{branch}", f"w_{branch}"], [f"h_{branch}"],
+                                   name=f"branch_{branch}")]  # fmt: skip
+    nodes += [helper.make_node("Add", ["h_a", "h_b"], ["h2"], name="join"),
+              helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]
+    return _saved_graph(path, "fragile", nodes, weights)
 
 
 # the fragile project's 48 selection rows resolve no share-of-rows tolerance of its gate (0.03 needs 99 rows): a pass
@@ -95,6 +91,18 @@ def write_fragile_project(
     return path
 
 
+def _saved_graph(path: Path, name: str, nodes: list, weights: dict[str, np.ndarray]) -> Path:
+    """`nodes` from x [batch, WIDTH] to y [batch, 4] with `weights` as float32 initializers, saved at `path`."""
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
 def one_gemm_model(path: Path) -> Path:
     """x -> scale (channel 0 times OUTLIER) -> Gemm `fc` (its weights undo it) -> Relu -> Transpose -> MatMul
     `weight_first` (W @ x) -> Transpose -> y[4]: the same inputs and outputs as `fragile_model`.
@@ -106,18 +114,13 @@ def one_gemm_model(path: Path) -> Path:
     scale, weight = np.ones(WIDTH), rng.normal(size=(WIDTH, WIDTH)) / 4
     scale[0], weight[0, :] = OUTLIER, weight[0, :] / OUTLIER
     weights = {"s": scale, "w": weight, "b": rng.normal(size=WIDTH) / 10, "w_out": rng.normal(size=(4, WIDTH)) / 4}
-    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"], name="scale"), helper.make_node("Gemm", ["xs", "w", "b"], ["h"], name="fc"),
-             helper.make_node("Relu", ["h"], ["r"], name="relu"), helper.make_node("Transpose", ["r"], ["rt"], name="t1", perm=[1, 0]),
+    nodes = [helper.make_node("Mul", ["x", "s"], ["xs"], name="scale"),
+             helper.make_node("Gemm", ["xs", "w", "b"], ["h"], name="fc"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("Transpose", ["r"], ["rt"], name="t1", perm=[1, 0]),
              helper.make_node("MatMul", ["w_out", "rt"], ["yt"], name="weight_first"),
              helper.make_node("Transpose", ["yt"], ["y"], name="t2", perm=[1, 0])]  # fmt: skip
-    graph = helper.make_graph(
-        nodes, "one_gemm",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    return path
+    return _saved_graph(path, "one_gemm", nodes, weights)
 
 
 INT8 = {"name": "int8", "precision": "int8", "calibrator": "minmax", "op_types": ["MatMul"]}
@@ -195,7 +198,8 @@ def test_bypass_restores_a_relu_the_quantizer_folded_away(tmp_path):
     back, leaving only the rounding of the quantized graph output y (half a step at most)."""
     path = fragile_model(tmp_path / "model.onnx", fragile=())
     x = {"x": np.random.default_rng(2).normal(size=(64, WIDTH)).astype(np.float32)}
-    built = build_variant(VariantSpec(name="q", precision="int8", calibrator="minmax"), BuildContext(path, tmp_path, [x]))
+    spec = VariantSpec(name="q", precision="int8", calibrator="minmax")
+    built = build_variant(spec, BuildContext(path, tmp_path, [x]))
     quantized, reference = onnx.load(str(built.onnx_path)), onnx.load(str(path))
     assert "Relu" not in [n.op_type for n in quantized.graph.node]
     every = [n.name for n in quantized.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")]
@@ -285,7 +289,8 @@ def test_leave_one_out_says_when_its_ranking_explains_little_of_the_drop(tmp_pat
 def test_explains_started_in_the_same_second_write_their_own_folders(project, monkeypatch):
     monkeypatch.chdir(project.parent)
     frozen = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-    monkeypatch.setattr("qbench.explain.sensitivity.datetime", type("Frozen", (), {"now": staticmethod(lambda tz=None: frozen)}))
+    frozen_clock = type("Frozen", (), {"now": staticmethod(lambda tz=None: frozen)})
+    monkeypatch.setattr("qbench.explain.sensitivity.datetime", frozen_clock)
     first = run_explain(load_recipe(project), "int8", method="sqnr", track=False)
     second = run_explain(load_recipe(project), "int8", method="sqnr", track=False)
     assert first.directory != second.directory
@@ -338,7 +343,8 @@ def test_explain_is_logged_to_mlflow(project, monkeypatch):
     client = MlflowClient(tracking_uri=f"sqlite:///{(project.parent / 'mlflow.db').as_posix()}")
     run = client.get_run(outcome.mlflow_run_id)
     assert run.info.run_name == "explain int8" and run.data.params["method"] == "sqnr"
-    assert {"explain.json", "explain.png", "table.txt", "recipe.yaml"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"explain.json", "explain.png", "table.txt", "recipe.yaml"} <= artifacts
 
 
 def test_dynamic_int8_ranks_the_gemms_it_quantized_as_matmul(tmp_path: Path) -> None:
@@ -363,9 +369,12 @@ def test_dynamic_int8_ranks_the_gemms_it_quantized_as_matmul(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("smoothquant", [True, False], ids=["smoothquant", "linear-dynamic"])
-def test_linear_and_smoothquant_builds_name_their_quantized_nodes_and_are_rebuilt_not_bypassed(project, tmp_path, smoothquant):
+def test_linear_and_smoothquant_builds_name_their_quantized_nodes_and_are_rebuilt_not_bypassed(
+    project, tmp_path, smoothquant
+):
     """SmoothQuant scales the weights (FP32's are no longer their source, so bypassing Q/DQ with them would rank
-    another model) and dynamic builds have no Q/DQ: both are ranked through rebuilds, over the Linears they quantized."""
+    another model) and dynamic builds have no Q/DQ: both are ranked through rebuilds, over the Linears they
+    quantized."""
     from qbench.explain.graph import Rebuild, float_keeper, quantized_nodes
     from qbench.preflight.prepare import prepare
 
@@ -399,14 +408,10 @@ def test_sqnr_refuses_a_smoothquant_variant_whose_tensors_are_not_fp32s(project,
 def test_keeping_a_dynamic_variants_only_node_float_leaves_the_users_model_in_place(tmp_path):
     """Leave-one-out on a variant with one quantized node rebuilds it with that node float: the builder hands back
     the recipe's model itself (nothing to quantize), which explain used to delete after measuring it."""
-    path = write_fragile_project(tmp_path, [{"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"]}])
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="only")], "one",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(np.random.default_rng(0).normal(size=(WIDTH, 4)).astype(np.float32), "w")],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    variant = {"name": "int8", "precision": "int8", "calibrator": "dynamic", "op_types": ["MatMul"]}
+    path = write_fragile_project(tmp_path, [variant])
+    _saved_graph(tmp_path / "model.onnx", "one", [helper.make_node("MatMul", ["x", "w"], ["y"], name="only")],
+                 {"w": np.random.default_rng(0).normal(size=(WIDTH, 4))})  # fmt: skip
     result = explain_variant(load_recipe(path), "int8", method="leave_one_out", workdir=tmp_path / "explained")
     assert [cost.group for cost in result.costs] == ["only"]
     assert (tmp_path / "model.onnx").is_file()
@@ -502,19 +507,15 @@ def test_a_node_kept_float_by_explain_leaves_its_output_unrounded_as_a_rebuild_d
     monkeypatch.chdir(tmp_path)
     gate = {"metric": "kl_mean", "max_drop": 1.0, "max_slice_drop": 1.0}
     variants = [{"name": "int8", "precision": "int8", "calibrator": "minmax"},
-                {"name": "int8-x", "precision": "int8", "calibrator": "minmax", "exclude_nodes": ["softmax"]}]  # fmt: skip
+                {"name": "int8-x", "precision": "int8", "calibrator": "minmax",
+                 "exclude_nodes": ["softmax"]}]  # fmt: skip
     path = write_fragile_project(tmp_path, variants, gate=gate)
-    w = np.random.default_rng(3).normal(size=(WIDTH, 4)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
-         helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1)], "scores",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-        initializer=[numpy_helper.from_array(w, "w")],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "model.onnx"))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+             helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=-1)]
+    _saved_graph(tmp_path / "model.onnx", "scores", nodes, {"w": np.random.default_rng(3).normal(size=(WIDTH, 4))})
     results = run_sweep(load_recipe(path), track=False).results
-    quantized, rebuilt = (results.find(name, "onnxruntime-cpu").accuracy.overall.drops["kl_mean"] for name in ("int8", "int8-x"))
+    quantized, rebuilt = (results.find(name, "onnxruntime-cpu").accuracy.overall.drops["kl_mean"]
+                          for name in ("int8", "int8-x"))  # fmt: skip
     assert rebuilt < 0.5 * quantized  # the rounded scores are most of the error
     result = explain_variant(load_recipe(path), "int8")
     softmax = next(cost for cost in result.costs if cost.group == "softmax")
@@ -543,9 +544,11 @@ def test_calibrator_auto_explains_the_calibrator_the_sweep_kept_not_the_most_acc
     steps = swept.params["search.steps"]
     print([(s["calibrator"], s["drop"], s["passed"]) for s in steps])
     kept = swept.params["calibrator"]
-    assert kept == max(steps, key=lambda s: s["drop"])["calibrator"] != min(steps, key=lambda s: s["drop"])["calibrator"]
+    worst, best = (pick(steps, key=lambda s: s["drop"])["calibrator"] for pick in (max, min))
+    assert kept == worst != best
     result = explain_variant(recipe, "int8")
-    assert result.calibrator == kept and result.notes[0].startswith(f"calibrator auto: explained with {kept}, the calibrator the sweep kept")
+    assert result.calibrator == kept
+    assert result.notes[0].startswith(f"calibrator auto: explained with {kept}, the calibrator the sweep kept")
     assert result.drop == pytest.approx(swept.accuracy.overall.drops["kl_mean"])
     console = Console(width=200, record=True)
     console.print(explain_table(result, 5))

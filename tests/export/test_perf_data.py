@@ -68,7 +68,8 @@ def ids_project(root: Path, rows: int, seed: int, *, data: dict, gate: dict, **e
     table.to_parquet(root / "data.parquet")
     recipe = {
         "name": "ids", "model": {"path": "model.onnx", "output": "logits"},
-        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y", **data},
+        "data": {"path": "data.parquet", "inputs": {"ids": "ids", "mask": "mask", "feat": "feat"}, "label": "y",
+                 **data},
         "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
         "latency": {"batch_sizes": [1, 4], "warmup": 1, "iterations": 5, "threads": 1},
         "gate": gate, "output_dir": "reports", "analysis": {"ranges": False},
@@ -81,7 +82,8 @@ def ids_project(root: Path, rows: int, seed: int, *, data: dict, gate: dict, **e
 def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, pd.DataFrame]:
     root = tmp_path_factory.mktemp("ids")
     table = ids_project(root, ROWS, 1, split=["calib"] * 32 + ["eval"] * 64,
-                        data={"calibration": {"filter": {"split": "calib"}}, "evaluation": {"filter": {"split": "eval"}}},
+                        data={"calibration": {"filter": {"split": "calib"}},
+                              "evaluation": {"filter": {"split": "eval"}}},
                         gate={"metric": "agreement", "max_drop": 0.5, "max_slice_drop": 0.5})  # fmt: skip
     run_sweep(root / "ids.yaml", track=False)
     export = export_triton(load_recipe(root / "ids.yaml"), "fp16", "onnxruntime-cpu", root / "repo")
@@ -94,8 +96,9 @@ def _decoded(tensor: dict, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(base64.b64decode(tensor["content"]["b64"]), dtype=dtype).reshape(tensor["shape"])
 
 
-@pytest.mark.skipif(model_config_pb2 is None, reason="Triton's model-config schema comes with tritonclient (pip install "
-                    "'qbench[triton]'); the other tests here check the data file without it")
+@pytest.mark.skipif(model_config_pb2 is None,
+                    reason="Triton's model-config schema comes with tritonclient (pip install "
+                    "'qbench[triton]'); the other tests here check the data file without it")  # fmt: skip
 def test_every_perf_analyzer_command_sends_requests_the_model_accepts(exported) -> None:
     """The README's commands name the data file, and each batch perf_analyzer builds from it (consecutive steps,
     typed as config.pbtxt says) runs in ONNX Runtime and holds the evaluation rows (all 64: in evaluation order): without the file,

@@ -151,7 +151,8 @@ def test_the_config_text_is_the_one_checked_against_tritons_schema(tmp_path: Pat
     path = tmp_path / "tokens.onnx"
     graph = helper.make_graph(nodes, "tokens", [ids, mask], [label], [axis])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
-    measured = make_variant("v", "fp16", p50_by_batch={1: 1.0, 8: 2.0}, params={"runtime.graph_optimization_level": "basic"})
+    measured = make_variant("v", "fp16", p50_by_batch={1: 1.0, 8: 2.0},
+                            params={"runtime.graph_optimization_level": "basic"})  # fmt: skip
     assert measured.latency is not None and measured.latency.threads == 2
     info = served_shapes(read_model_info(path), path)
     fields = triton_config("tokens-fp16", measured, info, TARGETS["onnxruntime-tensorrt"], max_queue_delay_us=1000)
@@ -165,7 +166,8 @@ def _with_batch_statistics(path: Path, batch: str | int) -> Path:
                helper.make_tensor_value_info("mean", TensorProto.FLOAT, []),
                helper.make_tensor_value_info("classes", TensorProto.INT64, [3])]  # fmt: skip
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("ReduceMean", ["y"], ["mean"], keepdims=0),
-             helper.make_node("Constant", [], ["classes"], value=helper.make_tensor("c", TensorProto.INT64, [3], [4, 5, 6]))]  # fmt: skip
+             helper.make_node("Constant", [], ["classes"],
+                              value=helper.make_tensor("c", TensorProto.INT64, [3], [4, 5, 6]))]  # fmt: skip
     graph = helper.make_graph(nodes, "stats", [x], outputs)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
     return path
@@ -216,7 +218,8 @@ def test_an_evaluated_output_declared_with_a_fixed_first_dimension_is_refused(tm
         _config(path)
     from qbench.export.triton_config import unbatched_outputs
 
-    info = served_shapes(read_model_info(_with_batch_statistics(tmp_path / "stats.onnx", "batch")), tmp_path / "stats.onnx")
+    info = served_shapes(read_model_info(_with_batch_statistics(tmp_path / "stats.onnx", "batch")),
+                         tmp_path / "stats.onnx")  # fmt: skip
     assert unbatched_outputs(info, ["y"]) == ["mean", "classes"]
     with pytest.raises(QbenchError, match="output 'mean': Triton's batching needs .* declares none \\(a scalar\\); "):
         unbatched_outputs(info, ["mean"])

@@ -159,7 +159,8 @@ def test_a_torch_variant_whose_ops_all_ran_in_float32_gets_the_computes_in_fp32_
     unlowered = replace(fp16, params={"runtime.lowered_ops": 0})
     report = evaluate_gate(sweep(REFERENCE, reference, unlowered, ran), SPEC)
     assert [n for n in report.notes if "computes in fp32" in n] == [
-        "int8-h@torch-cpu computes in fp32 (nothing in the graph was lowered to fp16): its pass says nothing about fp16"]
+        "int8-h@torch-cpu computes in fp32 (nothing in the graph was lowered to fp16): its pass says nothing about "
+        "fp16"]
 
 
 def test_a_variant_left_as_a_float64_reference_is_noted_as_computing_in_float64():
@@ -385,7 +386,8 @@ def _nonfinite(result: VariantResult, per_slice: dict[str, tuple[int, int]]) -> 
     """`result` with (NaN/inf rows, of them rows where FP32 is finite) per slice, summed overall."""
     accuracy = result.accuracy
     slices = tuple(replace(s, nonfinite_outputs=per_slice.get(s.name, (0, 0))[0],
-                           new_nonfinite_outputs=per_slice.get(s.name, (0, 0))[1]) for s in accuracy.slices)  # fmt: skip
+                           new_nonfinite_outputs=per_slice.get(s.name, (0, 0))[1])
+                   for s in accuracy.slices)  # fmt: skip
     total, new = (sum(counts[i] for counts in per_slice.values()) for i in (0, 1))
     overall = replace(accuracy.overall, nonfinite_outputs=total, new_nonfinite_outputs=new)
     return replace(result, accuracy=replace(accuracy, nonfinite_outputs=total, overall=overall, slices=slices))
@@ -459,8 +461,8 @@ def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_s
     mape = evaluate_gate(sweep(variant("fp32", math.inf, {"noisy": 0.9, "clean": 0.99}),
                                variant("int8-a", math.nan, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert mape.exit_code == EXIT_UNUSABLE
-    assert "(NaN or inf without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as a " \
-           "MAPE over zero labels)" in mape.problems[0]
+    assert ("(NaN or inf without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, such as "
+            "a MAPE over zero labels)") in mape.problems[0]
     fp32_only = evaluate_gate(sweep(variant("fp32", 0.95, {"noisy": math.nan, "clean": 0.99}),
                                     variant("int8-a", 0.95, {"noisy": 0.9, "clean": 0.99})), SPEC)  # fmt: skip
     assert fp32_only.exit_code == EXIT_UNUSABLE and "missing or NaN on noisy" in fp32_only.problems[0]
@@ -474,7 +476,9 @@ def test_results_without_their_recipe_are_unusable(tmp_path):
     assert report.problems == (f"{path}: recipe.resolved: missing: the results do not say what the recipe asked for",)
 
 
-@pytest.mark.parametrize("content", ["", "{not json", json.dumps({"schema_version": 99}), json.dumps({"schema_version": 1})])
+@pytest.mark.parametrize(
+    "content", ["", "{not json", json.dumps({"schema_version": 99}), json.dumps({"schema_version": 1})]
+)
 def test_broken_results_files_are_errors_naming_the_file(tmp_path, content):
     path = tmp_path / "results.json"
     path.write_text(content)
@@ -568,8 +572,9 @@ def _two_output_results(aux_weights: np.ndarray, broken: slice = slice(None)) ->
     candidate["aux"][broken] = run(_two_output_model(aux_weights))["aux"][broken]
     accuracy = {name: evaluate_accuracy("classification", outputs, reference, labels, halves)
                 for name, outputs in (("fp32", reference), ("int8-a", candidate))}  # fmt: skip
-    return sweep(*(VariantResult(variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "int8",
-                                 status="ok", accuracy=accuracy[name]) for name in ("fp32", "int8-a")))  # fmt: skip
+    return sweep(*(VariantResult(variant=name, backend="onnxruntime-cpu",
+                                 precision="fp32" if name == "fp32" else "int8", status="ok", accuracy=accuracy[name])
+                   for name in ("fp32", "int8-a")))  # fmt: skip
 
 
 def test_another_evaluated_output_the_variant_broke_is_a_note_not_a_breach():

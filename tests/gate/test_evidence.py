@@ -173,9 +173,10 @@ def test_embedding_results_written_before_rows_kept_are_unusable_and_other_tasks
     spec = GateSpec(metric="cosine", max_drop=0.01, unresolved="note")
     raw = _embedding_raw()
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_BREACH
-    assert _unusable_without(raw, "rows_kept", spec) == ("results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records "
-                               "them), so these checks cannot be applied: rows_kept (embedding rows moved off "
-                               "FP32's); re-run `qbench sweep`",)  # fmt: skip
+    assert _unusable_without(raw, "rows_kept", spec) == (
+        "results written by qbench '0.1.0' record no rows_kept (this qbench's sweep records them), so these checks "
+        "cannot be applied: rows_kept (embedding rows moved off FP32's); re-run `qbench sweep`",
+    )
     _a_classifier_lacking_is_judged("rows_kept")
 
 
@@ -194,15 +195,18 @@ def test_regression_results_written_before_drop_intervals_are_unusable_and_other
     assert evaluate_gate(from_dict(raw), spec).exit_code == EXIT_PASS
     for variant in raw["variants"]:
         del variant["accuracy"]["overall"]["drop_intervals"]
-    assert _unusable_without(raw, "drop_intervals", spec) == ("results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep "
-                               "records them), so these checks cannot be applied: the resolution of a pass on mae, "
-                               "rmse or r2 (the paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
+    assert _unusable_without(raw, "drop_intervals", spec) == (
+        "results written by qbench '0.1.0' record no drop_intervals (this qbench's sweep records them), so these "
+        "checks cannot be applied: the resolution of a pass on mae, rmse or r2 (the paired interval of its drop); "
+        "re-run `qbench sweep`",
+    )
     _a_classifier_lacking_is_judged("drop_intervals")
 
 
 def test_regression_results_written_before_fit_kept_are_unusable_and_other_tasks_results_are_judged():
     """fit_kept is recorded in the one kept slot a regression scope had (tail_kept's): results written before it hold
-    a tail, which cannot tell that no target's fit was judged (exit 2). A classifier's results are judged as they were."""
+    a tail, which cannot tell that no target's fit was judged (exit 2). A classifier's results are judged as they
+    were."""
     rng = np.random.default_rng(0)
     labels = rng.normal(size=(400, 2)) * [100.0, 0.01]
     reference = labels + rng.normal(size=(400, 2)) * [5.0, 0.0005]

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-import yaml
+from swept_project import fp16_recipe, swept_project
 
 from qbench.cli.app import main
 from qbench.provenance import PROJECT_MODULE_INPUT
@@ -65,29 +65,15 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with torch.no_grad():
         labels = model(torch.from_numpy(features)).argmax(dim=1).numpy()
     pd.DataFrame({"x": list(features), "label": labels.astype(np.int64)}).to_parquet(root / "data.parquet")
-    recipe = {
-        "name": "fresh-gate",
-        "model": {"torch": f"{PACKAGE}.factory:build", "weights": "weights.pt",
-                  "example_inputs": {"features": [1, 8]}, "output_names": ["scores"]},
-        "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "label"},
-        "metrics": [{"name": "decided", "function": f"{METRICS}:decided", "higher_is_better": True}],
-        "variants": [{"name": "fp16", "precision": "fp16"}],
-        "backends": ["onnxruntime-cpu"],
-        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
-        "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
-        "output_dir": "runs",
-    }  # fmt: skip
-    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    sys.path.insert(0, str(root))  # the project importable as it runs (installed, or on PYTHONPATH), as users have it
-    try:
-        try:
-            assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
-        finally:
-            sys.path.remove(str(root))  # the gates judge checkouts elsewhere
+    recipe = fp16_recipe(
+        "fresh-gate",
+        {"torch": f"{PACKAGE}.factory:build", "weights": "weights.pt", "example_inputs": {"features": [1, 8]},
+         "output_names": ["scores"]},
+        {"path": "data.parquet", "inputs": {"x": "features"}, "label": "label"},
+        metrics=[{"name": "decided", "function": f"{METRICS}:decided", "higher_is_better": True}],
+    )  # fmt: skip
+    with swept_project(root, recipe, (PACKAGE, METRICS, HELPER, LAZY)):
         yield root
-    finally:
-        for name in [m for m in sys.modules if m.split(".")[0] in (PACKAGE, METRICS, HELPER, LAZY)]:
-            del sys.modules[name]
 
 
 @pytest.fixture
@@ -100,7 +86,8 @@ def checkout(swept: Path, tmp_path: Path) -> Path:
 
 def test_the_results_record_every_module_of_the_project_the_recipes_code_imported(swept: Path) -> None:
     results = read_results(next((swept / "runs" / "fresh-gate").glob("*/results.json")))
-    modules = {name.removeprefix(PROJECT_MODULE_INPUT) for name in results.inputs if name.startswith(PROJECT_MODULE_INPUT)}
+    modules = {name.removeprefix(PROJECT_MODULE_INPUT) for name in results.inputs
+               if name.startswith(PROJECT_MODULE_INPUT)}  # fmt: skip
     assert modules == {PACKAGE, f"{PACKAGE}.layers", HELPER, LAZY}  # the factory's and the metric's are inputs already
 
 

@@ -202,8 +202,9 @@ def test_r2_undefined_on_a_constant_target_slice_is_not_judged_there(tmp_path: P
     x[offline] = rng.normal(scale=0.01, size=(int(offline.sum()), 3))
     target = (x @ weights)[:, 0] + rng.normal(scale=0.1, size=ROWS)
     target[offline] = 0.0
-    pd.DataFrame({"x": list(x), "y": target, "sensor": np.where(offline, "offline", "online"),
-                  "split": ["calib" if i < CALIBRATION else "eval" for i in range(ROWS)]}).to_parquet(tmp_path / "rows.parquet")  # fmt: skip
+    table = pd.DataFrame({"x": list(x), "y": target, "sensor": np.where(offline, "offline", "online"),
+                          "split": ["calib" if i < CALIBRATION else "eval" for i in range(ROWS)]})  # fmt: skip
+    table.to_parquet(tmp_path / "rows.parquet")
     body = {"data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "sensor"}]}}
     r2 = {"metric": "r2", "max_drop": 0.01, "max_slice_drop": 0.01}
     recipe = write_recipe(tmp_path, copy.deepcopy(body), gate=r2, task="regression")
@@ -264,7 +265,8 @@ def test_copies_of_an_input_do_not_resolve_a_tolerance_they_cannot(tmp_path: Pat
     capsys.readouterr()
     assert main(["gate", str(recipe)]) == 2
     assert ("overall accuracy on 100 rows (34 distinct inputs: the others repeat them) < 59 needed for a drop of 0.05 "
-            "(a variant changing 0.05 of the inputs leaves all 34 unchanged with probability 17.5% > 5%)") in shown(capsys)
+            "(a variant changing 0.05 of the inputs leaves all 34 unchanged with probability 17.5% > "
+            "5%)") in shown(capsys)  # fmt: skip
     assert main(["gate", str(recipe), "--results", str(forged(results, lambda r: r.pop("distinct_inputs")))]) == 2
     assert ("distinct_inputs: the results record none, the data gives {'overall': 34, 'kind=a': 17, 'kind=b': 17}"
             in shown(capsys))

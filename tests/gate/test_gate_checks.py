@@ -122,7 +122,8 @@ def test_a_record_of_one_batch_size_is_judged_against_the_model(tmp_path):
     cut = swept([1], (1,), (1,))
     assert latency_problems(cut, recipe, timed_batch_sizes(recipe)) == [
         "recipe.latency.batch_sizes: the results record [1], but a sweep of the recipe times batch sizes 1, 32",
-        *(f"{name}@{BACKEND}: latency: no point at batch size 32; the sweep times batch sizes 1, 32" for name in ("fp32", "int8")),
+        *(f"{name}@{BACKEND}: latency: no point at batch size 32; the sweep times batch sizes 1, 32"
+          for name in ("fp32", "int8")),
     ]  # fmt: skip
     explicit = small_recipe(tmp_path, latency={"batch_sizes": [1, 32]})
     assert latency_problems(cut, explicit)[0] == (

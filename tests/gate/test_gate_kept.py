@@ -31,7 +31,8 @@ def _verdict(task: str, reference: np.ndarray, outputs: np.ndarray, labels: np.n
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
                      for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
     results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy"}, environment={}, calibration=None,
-                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(from_dict(_json(results)), spec)
 
 
@@ -91,7 +92,8 @@ def _results_on(reference: np.ndarray, outputs: np.ndarray, labels: np.ndarray, 
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
                      for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
     return SweepResults(qbench_version="0", created_at="", recipe={"name": "toy"}, environment={}, calibration=None,
-                        evaluation_rows=len(rows), gate_metric="accuracy", reference="fp32", variants=variants)  # fmt: skip
+                        evaluation_rows=len(rows), gate_metric="accuracy", reference="fp32",
+                        variants=variants)  # fmt: skip
 
 
 def test_a_multilabel_label_never_switched_on_breaches_though_label_agreement_is_within_tolerance():
@@ -191,11 +193,12 @@ def _regressor(path: Path) -> None:
 
 
 @pytest.mark.parametrize("calibration", ["without the top rows", "all rows"])
-def test_sweep_gate_fails_an_int8_build_that_clamps_the_extreme_rows_at_the_calibration_maximum(tmp_path, monkeypatch,
-                                                                                                  calibration):
-    """End to end: INT8 calibrated on rows whose inputs stay under the evaluation's top 5 % clamps those rows' outputs at
-    the calibration maximum; its MAE (2 % of the rows wrong by about a quarter of the spread) stays within max_drop 10 %
-    relative, and `qbench sweep --gate` passed it. Calibrated on every kind of row, INT8 and FP16 keep the tail."""
+def test_sweep_gate_fails_an_int8_build_that_clamps_the_extreme_rows_at_the_calibration_maximum(
+    tmp_path, monkeypatch, calibration
+):
+    """End to end: INT8 calibrated on rows whose inputs stay under the evaluation's top 5 % clamps those rows' outputs
+    at the calibration maximum; its MAE (2 % of the rows wrong by about a quarter of the spread) stays within max_drop
+    10 % relative, and `qbench sweep --gate` passed it. Calibrated on every kind of row, INT8 and FP16 keep the tail."""
 
     _regressor(tmp_path / "reg.onnx")
     rng = np.random.default_rng(0)
@@ -205,7 +208,8 @@ def test_sweep_gate_fails_an_int8_build_that_clamps_the_extreme_rows_at_the_cali
     if calibration == "without the top rows":
         calib = calib[calib.sum(axis=1) + 0.5 * calib[:, 0] < 1.9]
     table = pd.concat([pd.DataFrame({"x": list(calib), "y": 0.0, "split": "calib"}),
-                       pd.DataFrame({"x": list(features), "y": targets, "split": "eval"})], ignore_index=True)  # fmt: skip
+                       pd.DataFrame({"x": list(features), "y": targets, "split": "eval"})],
+                      ignore_index=True)  # fmt: skip
     table.to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "clamped", "task": "regression", "model": {"path": "reg.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y",

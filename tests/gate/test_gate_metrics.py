@@ -30,8 +30,10 @@ INT8 = {"overall": {"acc": 0.9, "price_mae": 0.1005}, "grp=a": {"acc": 0.9, "pri
 
 
 def _result(name: str, figures: dict[str, dict[str, float]]) -> VariantResult:
-    scopes = {scope: SliceMetrics(scope, 200 if scope == "overall" else 100, metrics) for scope, metrics in figures.items()}
-    accuracy = AccuracyResult(rows=200, nonfinite_outputs=0, overall=scopes.pop("overall"), slices=tuple(scopes.values()))
+    scopes = {scope: SliceMetrics(scope, 200 if scope == "overall" else 100, metrics)
+              for scope, metrics in figures.items()}  # fmt: skip
+    accuracy = AccuracyResult(rows=200, nonfinite_outputs=0, overall=scopes.pop("overall"),
+                              slices=tuple(scopes.values()))  # fmt: skip
     return VariantResult(variant=name, backend=BACKEND, precision="fp32" if name == "fp32" else "int8", status="ok",
                          accuracy=accuracy)  # fmt: skip
 
@@ -72,16 +74,18 @@ def test_a_variant_breaking_the_second_gated_metric_on_one_slice_breaches_naming
 
 
 def test_gated_on_the_class_metric_alone_the_same_variant_passes_with_the_note_as_before():
-    report = evaluate_gate(_results(), GateSpec(metric="acc", max_drop=0.05, max_slice_drop=0.05, applies_to=["int8-*"]))
+    spec = GateSpec(metric="acc", max_drop=0.05, max_slice_drop=0.05, applies_to=["int8-*"])
+    report = evaluate_gate(_results(), spec)
     assert report.exit_code == EXIT_PASS
     assert report.gated_metrics == ("acc",) and {c.metric for c in report.checks} == {"acc"}
     assert [n for n in report.notes if "price_mae" in n] == [
-        "int8-a@onnxruntime-cpu: price_mae (over price) dropped 0.1000 > 0.002 on slice grp=b (FP32 0.1 → 0.2; 1 of 3 "
-        "scopes past the tolerance; not gated: gate.metric is acc)"]  # fmt: skip
+        "int8-a@onnxruntime-cpu: price_mae (over price) dropped 0.1000 > 0.002 on slice grp=b (FP32 0.1 → 0.2; 1 "
+        "of 3 scopes past the tolerance; not gated: gate.metric is acc)"]  # fmt: skip
 
 
 def test_each_gated_metric_keeps_its_own_stated_tolerances():
-    loose = GateSpec.model_validate({"metrics": ["acc", {"metric": "price_mae", "max_drop": 0.5, "max_slice_drop": 0.5}],
+    loose = GateSpec.model_validate({"metrics": ["acc", {"metric": "price_mae", "max_drop": 0.5,
+                                                         "max_slice_drop": 0.5}],
                                      "applies_to": ["int8-*"]})  # fmt: skip
     report = evaluate_gate(_results(), loose)
     assert report.exit_code == EXIT_PASS
@@ -99,7 +103,8 @@ def test_the_reports_show_each_gated_metrics_checks():
     cases = ET.fromstring(junit_xml(report)).iter("testcase")
     failed = [case.get("name") for case in cases if case.find("failure") is not None]
     assert failed == ["grp=b: price_mae"]
-    assert "| int8-a@onnxruntime-cpu | grp=b | price_mae | 0.1000 | 0.2000 | 0.1000 | 0.0020 | **BREACH** |" in markdown_summary(report)
+    row = "| int8-a@onnxruntime-cpu | grp=b | price_mae | 0.1000 | 0.2000 | 0.1000 | 0.0020 | **BREACH** |"
+    assert row in markdown_summary(report)
 
 
 def test_the_search_judges_a_candidate_on_every_gated_metric():

@@ -66,7 +66,8 @@ def test_a_dead_classifier_on_imbalanced_classes_breaches_though_its_accuracy_is
     assert (accuracy.reference, accuracy.observed, accuracy.status) == (0.956, 0.95, "pass")
     assert report.exit_code == EXIT_BREACH
     # the one answer is class 0: FP32's class-1 rows (10) all lost as well (qbench.validate.kept)
-    assert sorted((c.metric, c.reason) for c in report.breaches) == [("decisions_kept", "class 1"), ("output_spread", "")]
+    assert sorted((c.metric, c.reason) for c in report.breaches) == [
+        ("decisions_kept", "class 1"), ("output_spread", "")]  # fmt: skip
     [spread] = [c for c in report.breaches if c.metric == "output_spread"]
     assert (spread.variant, spread.scope, spread.metric, spread.observed) == ("int8-a", "overall", "output_spread", 0.0)
     assert spread.reference == pytest.approx(_spread(logits))
@@ -83,7 +84,8 @@ def test_an_honest_classifier_whose_scores_carry_rounding_noise_passes():
 
 
 def test_a_constant_regression_near_the_mean_of_low_variance_targets_breaches():
-    """A constant prediction at the targets' mean has an MAE (0.04) within 0.05 of FP32's (0.008): the MAE gate passed."""
+    """A constant prediction at the targets' mean has an MAE (0.04) within 0.05 of FP32's (0.008): the MAE gate
+    passed."""
     rng = np.random.default_rng(2)
     targets = 10.0 + 0.05 * rng.normal(size=ROWS)
     fp32 = (targets + 0.01 * rng.normal(size=ROWS)).astype(np.float32)
@@ -363,9 +365,10 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
     regimes = ["a"] * 700 + ["b"] * 300
     calibration = np.concatenate([rng.uniform(-2, 2, size=(200, 2)), rng.uniform(10, 26, size=(100, 2))])
     table = pd.concat([
-        pd.DataFrame({"x": list(calibration.astype(np.float32)), "y": 0, "split": "calib", "regime": ["a"] * 200 + ["b"] * 100}),
-        pd.DataFrame({"x": list(features), "y": (features[:, 0] - features[:, 1] > 0.5).astype(np.int64), "split": "eval",
-                      "regime": regimes}),
+        pd.DataFrame({"x": list(calibration.astype(np.float32)), "y": 0, "split": "calib",
+                      "regime": ["a"] * 200 + ["b"] * 100}),
+        pd.DataFrame({"x": list(features), "y": (features[:, 0] - features[:, 1] > 0.5).astype(np.int64),
+                      "split": "eval", "regime": regimes}),
     ], ignore_index=True)  # fmt: skip
     table.to_parquet(tmp_path / "rows.parquet")
     calibration_filter = {"split": "calib", "regime": "a"} if calibrated_on == "a" else {"split": "calib"}
@@ -376,7 +379,8 @@ def test_sweep_gate_fails_an_int8_build_that_saturates_on_one_input_regime_alone
               "variants": [{"name": "fp16", "precision": "fp16"},
                            {"name": "int8", "precision": "int8", "calibrator": "minmax"}], "backends": [BACKEND],
               "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2, "threads": 1},
-              "gate": {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.05, "applies_to": ["fp16", "int8"]}}  # fmt: skip
+              "gate": {"metric": "accuracy", "max_drop": 0.05, "max_slice_drop": 0.05,
+                       "applies_to": ["fp16", "int8"]}}  # fmt: skip
     (tmp_path / "qbench.yaml").write_text(yaml.safe_dump(recipe))
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))  # this build is no other test's INT8
     code, breaches = swept_breaches(tmp_path / "qbench.yaml")

@@ -89,3 +89,25 @@ def test_two_checkouts_sharing_an_output_folder_each_judge_their_own_run(tmp_pat
     shown = " ".join(capsys.readouterr().err.split())
     assert f"no results of {job_a} under {shared / 'linear'}: the runs there were swept by other checkouts" in shown
     assert str(job_b) in shown
+
+
+def test_one_gate_run_reads_the_models_signature_once(tmp_path: Path, monkeypatch) -> None:
+    """The gate asks the model's signature for the batch sizes timed and for the slices' input types; each read runs
+    onnx's shape inference on a dynamic-batch model (0.2 s of a 4,000-node graph), and it read it once for each. A
+    second gate run reads the file again: no read is kept past the run that made it."""
+    from qbench.modelinfo import signature
+
+    recipe = make_linear_project(tmp_path, f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}")
+    assert main(["sweep", str(recipe), "--no-track"]) == 0
+    reads: list[Path] = []
+    read = signature.read_model_info
+
+    def counted(path: Path) -> signature.ModelInfo:
+        reads.append(path)
+        return read(path)
+
+    monkeypatch.setattr(signature, "read_model_info", counted)
+    assert main(["gate", str(recipe)]) == 0
+    assert reads == [tmp_path / "linear.onnx"]
+    assert main(["gate", str(recipe)]) == 0
+    assert reads == [tmp_path / "linear.onnx"] * 2

@@ -56,7 +56,8 @@ def _verdict(task: str, reference: dict, outputs: dict, labels: np.ndarray | Non
     variants = tuple(VariantResult(variant=name, backend=BACKEND, precision=name[:4], status="ok", accuracy=accuracy)
                      for name, accuracy in (("fp32", fp32), ("int8-a", own)))  # fmt: skip
     results = SweepResults(qbench_version="0", created_at="", recipe={"name": "toy"}, environment={}, calibration=None,
-                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(from_dict(__import__("json").loads(to_json(results))), spec), own
 
 
@@ -84,7 +85,8 @@ RARE_BIAS = 0.0
 
 def _tagger(path: Path, rare_bias: float = RARE_BIAS) -> Path:
     """(input_ids [N, T], context [N, T, 8]) -> logits [N, T, 5]: a word's embedding plus its context (what an encoder
-    adds), MatMul, Relu, MatMul, Add(bias); class 4's bias `rare_bias` (FP32's: a rare tag; a broken variant's: -100)."""
+    adds), MatMul, Relu, MatMul, Add(bias); class 4's bias `rare_bias` (FP32's: a rare tag; a broken variant's:
+    -100)."""
     rng = np.random.default_rng(11)
     weights = {"emb": rng.normal(size=(VOCABULARY, 8)).astype(np.float32),
                "w1": rng.normal(size=(8, 16)).astype(np.float32),
@@ -112,7 +114,8 @@ def _sentences() -> tuple[dict[str, np.ndarray], np.ndarray]:
 
 def test_a_token_class_the_variant_never_tags_breaches_though_token_accuracy_is_within_tolerance(tmp_path):
     """The rare tag's bias collapsed (-100): every token FP32 tags 4 gets another tag, 201 of the 10953 scored
-    tokens (1.8 %), within max_drop 0.05 overall and per half: the gate passed it (exit 0). Honest builds keep the tag."""
+    tokens (1.8 %), within max_drop 0.05 overall and per half: the gate passed it (exit 0). Honest builds keep the
+    tag."""
     reference, broken = _tagger(tmp_path / "tagger.onnx"), _tagger(tmp_path / "broken.onnx", rare_bias=-100.0)
     feeds, padding = _sentences()
     fp32 = _run(reference, feeds)

@@ -71,8 +71,8 @@ def test_the_jsons_unresolved_passes_name_their_variant():
 
 def test_a_variant_breaching_hundreds_of_slices_prints_a_few_lines_and_a_count():
     """The probe: a variant flipping one row of every store breached every slice (drop 0.05 > 0.02): 301 BREACH
-    lines by default (the overall rows too), and a summary naming all 301 scopes. Now BREACH_LINES of them and one line counting the rest;
-    the summary names NAMED_SCOPES; the JSON holds every check."""
+    lines by default (the overall rows too), and a summary naming all 301 scopes. Now BREACH_LINES of them and one
+    line counting the rest; the summary names NAMED_SCOPES; the JSON holds every check."""
     fp32, labels = _rows()
     variant = fp32.copy()
     variant[::ROWS] = 1 - variant[::ROWS]  # the first row of each store wrong

@@ -114,10 +114,12 @@ def _pooled_encoder(common: float) -> bytes:
     weights = {"w1": rng.normal(size=(8, 32)) / np.sqrt(8), "w2": rng.normal(size=(32, 16)) / np.sqrt(32),
                "common": np.full((1, 16), common)}  # fmt: skip
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
-             helper.make_node("MatMul", ["r", "w2"], ["s"]), helper.make_node("Add", ["s", "common"], ["y"])]  # fmt: skip
+             helper.make_node("MatMul", ["r", "w2"], ["s"]),
+             helper.make_node("Add", ["s", "common"], ["y"])]  # fmt: skip
     graph = helper.make_graph(nodes, "pooled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["rows", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["rows", 16])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
@@ -166,3 +168,26 @@ def test_a_cosine_tolerance_wider_than_what_tells_the_rows_apart_is_noted(tmp_pa
         f"state tolerances below {room:.2g}"]
     tight = GateSpec(metric="cosine", max_drop=room / 2, max_slice_drop=room / 2, unresolved="note")
     assert not [n for n in evaluate_gate(results, tight).notes if "share a cosine" in n]
+
+
+def test_outputs_no_figure_compares_are_named_once_with_the_verdict():
+    """FP32 records the model outputs that no figure reads (a second head, a decoder's cache); the results and the
+    report said so in its notes, but `qbench gate` printed a pass with no word of them. Now one note names them (the
+    first four, the rest counted), once however many backends run the model."""
+    from sweep_factory import make_sweep, make_variant
+
+    from qbench.validate.catalogue import UNCOMPARED_OUTPUTS
+
+    left = ["aux", *(f"present.{i}" for i in range(5))]
+    variants = [make_variant("fp32", "fp32", backend=backend, params={UNCOMPARED_OUTPUTS: left})
+                for backend in ("onnxruntime-cpu", "torch-cpu")]  # fmt: skip
+    variants += [make_variant("fp16", "fp16", backend=backend) for backend in ("onnxruntime-cpu", "torch-cpu")]
+    report = evaluate_gate(make_sweep(variants), SPEC)
+    assert report.exit_code == EXIT_PASS
+    assert [n for n in report.notes if "not compared with FP32" in n] == [
+        "outputs 'aux', 'present.0', 'present.1', 'present.2' and 2 more not compared with FP32 (no figure reads "
+        "them): this verdict does not cover them, a variant changing them passes; list the outputs to judge in "
+        "model.outputs"
+    ]
+    every_output = [make_variant("fp32", "fp32"), make_variant("fp16", "fp16")]
+    assert not [n for n in evaluate_gate(make_sweep(every_output), SPEC).notes if "not compared" in n]

@@ -29,7 +29,8 @@ def price_mae(outputs, labels):
 
 def _two_head_project(tmp_path: Path) -> Path:
     """x [n, 4] -> class logits [n, 3] (x @ w) and a price [n] (x @ v * 10 + 1000, a target in the data's units far
-    from 0): an INT8 grid spanning 0..~1030 rounds the price in steps of several units, the logits keep their arg-max."""
+    from 0): an INT8 grid spanning 0..~1030 rounds the price in steps of several units, the logits keep their
+    arg-max."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -39,7 +40,8 @@ def _two_head_project(tmp_path: Path) -> Path:
                numpy_helper.from_array(np.array(10, np.float32), "ten"),
                numpy_helper.from_array(np.array(1000, np.float32), "base")]  # fmt: skip
     nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("MatMul", ["x", "v"], ["s"]),
-             helper.make_node("Mul", ["s", "ten"], ["t"]), helper.make_node("Add", ["t", "base"], ["price"])]  # fmt: skip
+             helper.make_node("Mul", ["s", "ten"], ["t"]),
+             helper.make_node("Add", ["t", "base"], ["price"])]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 3]),
                                helper.make_tensor_value_info("price", TensorProto.FLOAT, ["n"])], weights)  # fmt: skip
@@ -47,9 +49,11 @@ def _two_head_project(tmp_path: Path) -> Path:
     features = rng.normal(size=(400, 4)).astype(np.float32)
     classes = np.argmax(features[:, :3], axis=1)
     target = features @ onnx.numpy_helper.to_array(weights[1]) * 10 + 1000 + rng.normal(scale=0.1, size=400)
-    pd.DataFrame({"x": list(features), "both": [[int(c), float(t)] for c, t in zip(classes, target, strict=True)],
-                  "split": ["calib" if row % 4 == 0 else "eval" for row in range(400)],
-                  "grp": ["a" if row % 2 else "b" for row in range(400)]}).to_parquet(tmp_path / "d.parquet")  # fmt: skip
+    both = [[int(c), float(t)] for c, t in zip(classes, target, strict=True)]
+    table = pd.DataFrame({"x": list(features), "both": both,
+                          "split": ["calib" if row % 4 == 0 else "eval" for row in range(400)],
+                          "grp": ["a" if row % 2 else "b" for row in range(400)]})  # fmt: skip
+    table.to_parquet(tmp_path / "d.parquet")
     (tmp_path / "heads_metrics.py").write_text(METRICS)
     body = {"name": "heads", "task": "structured", "model": {"path": "m.onnx", "outputs": ["logits", "price"]},
             "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "both",
@@ -80,8 +84,9 @@ def test_a_head_another_metric_of_the_recipe_reads_is_noted_when_the_gated_head_
     assert report.exit_code == EXIT_PASS
     notes = [n for n in report.notes if "price_mae" in n]
     assert len(notes) == 1, report.notes
-    found = re.fullmatch(r"int8@onnxruntime-cpu: price_mae \(over price\) dropped (\S+) > (\S+) overall \(FP32 (\S+) → "
-                         r"(\S+); 1 of 1 scopes past the tolerance; not gated: gate\.metric is cls_acc\)", notes[0])  # fmt: skip
+    found = re.fullmatch(r"int8@onnxruntime-cpu: price_mae \(over price\) dropped (\S+) > (\S+) overall "
+                         r"\(FP32 (\S+) → (\S+); 1 of 1 scopes past the tolerance; not gated: gate\.metric is "
+                         r"cls_acc\)", notes[0])  # fmt: skip
     assert found, notes[0]
     dropped, tolerance, reference, own = (float(g) for g in found.groups())
     assert reference < 0.2 and own > 1.0 and abs(dropped - (own - reference)) < 1e-3
@@ -141,7 +146,8 @@ def _results(variant_metrics: dict[str, float]) -> SweepResults:
     return SweepResults(qbench_version="0", created_at="2026-01-01T00:00:00+00:00",
                         recipe={"name": "toy", "task": "structured", "resolved": {"metrics": metrics}}, environment={},
                         calibration=None, evaluation_rows=200, gate_metric="acc", reference="fp32",
-                        variants=(_result("fp32", reference), _result("int8-a", {**reference, **variant_metrics})))  # fmt: skip
+                        variants=(_result("fp32", reference),
+                                  _result("int8-a", {**reference, **variant_metrics})))  # fmt: skip
 
 
 def test_an_output_no_metric_of_the_recipe_reads_is_held_to_its_agreement_beside_a_gated_metric_over_another():
@@ -167,7 +173,8 @@ def _price_results(reference_mae: float, own_mae: float) -> SweepResults:
     return SweepResults(qbench_version="0", created_at="2026-01-01T00:00:00+00:00",
                         recipe={"name": "toy", "task": "structured", "resolved": {"metrics": metrics}}, environment={},
                         calibration=None, evaluation_rows=200, gate_metric="acc", reference="fp32",
-                        variants=(_result("fp32", reference), _result("int8-a", {**reference, "price_mae": own_mae})))  # fmt: skip
+                        variants=(_result("fp32", reference),
+                                  _result("int8-a", {**reference, "price_mae": own_mae})))  # fmt: skip
 
 
 def test_a_stated_tolerance_of_the_gated_metric_is_not_the_other_heads():

@@ -1,4 +1,5 @@
-"""Rendering a gate verdict: the summary line, the console lines, JUnit XML, JSON and Markdown, from hand-built reports."""
+"""Rendering a gate verdict: the summary line, the console lines, JUnit XML, JSON and Markdown, from hand-built
+reports."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ BREACHING = report_with({
     "fp8": {"overall": 0.945, "condition=noisy": 0.89, "faint": 0.90},  # only faint breaches (0.03 > 0.02)
 })  # fmt: skip
 UNUSABLE = report_with(
-    {name: GOOD for name in NAMES if name != "bf16"} | {"fp8": {"overall": 0.90, "condition=noisy": 0.9, "faint": 0.93}},
+    {name: GOOD for name in NAMES if name != "bf16"}
+    | {"fp8": {"overall": 0.90, "condition=noisy": 0.9, "faint": 0.93}},
     problems=(f"bf16@{BACKEND}: variant failed: out of memory", "results were modified after the sweep (digest)"),
 )
 
@@ -116,7 +118,8 @@ def test_the_summary_names_up_to_five_small_slices_and_counts_the_rest():
                     for v in ("int8", "fp8") for n in names)  # fmt: skip
     report = GateReport("accuracy", skipped, gated=(f"int8@{BACKEND}", f"fp8@{BACKEND}"))
     assert summary_line(report).endswith("(14 skipped: slices under min_slice_size: s0, s1, s2, s3, s4 and 2 more)")
-    undefined = GateCheck("int8", BACKEND, "offline", "accuracy", math.nan, math.nan, math.inf, 0.02, 40, "skipped", "undefined")
+    undefined = GateCheck("int8", BACKEND, "offline", "accuracy", math.nan, math.nan, math.inf, 0.02, 40, "skipped",
+                          "undefined")  # fmt: skip
     assert summary_line(replace(report, checks=(*skipped, undefined))).endswith(
         "(15 skipped: under min_slice_size: s0, s1, s2, s3, s4 and 2 more; offline undefined)")
 
@@ -125,7 +128,8 @@ def test_a_scope_skipped_for_another_reason_is_named_with_it_everywhere():
     undefined = "not judged: r2 is undefined on this scope for FP32 too"
     checks = (GateCheck("int8", BACKEND, "overall", "r2", 0.9, 0.9, 0.0, 0.01, 200, "pass"),
               GateCheck("int8", BACKEND, "tiny", "r2", 0.9, 0.5, 0.4, 0.01, 3, "skipped", "under min_slice_size"),
-              GateCheck("int8", BACKEND, "offline", "r2", math.nan, math.nan, math.inf, 0.01, 40, "skipped", undefined))  # fmt: skip
+              GateCheck("int8", BACKEND, "offline", "r2", math.nan, math.nan, math.inf, 0.01, 40, "skipped",
+                        undefined))  # fmt: skip
     report = GateReport("r2", checks, gated=(f"int8@{BACKEND}",))
     assert summary_line(report).endswith(f"3 checks (2 skipped: under min_slice_size: tiny; offline {undefined})")
     assert check_line(checks[2]).endswith(f"(40 rows, {undefined})")
@@ -137,7 +141,9 @@ def test_a_scope_skipped_for_another_reason_is_named_with_it_everywhere():
 
 def test_nan_observed_value_is_spelled_out():
     check = GateCheck("int8", BACKEND, "faint", "accuracy", 0.93, math.nan, math.inf, 0.02, 200, "breach")
-    assert check_line(check) == "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"
+    assert check_line(check) == (
+        "BREACH int8@onnxruntime-cpu slice faint accuracy: 0.9300 → nan, drop inf > tolerance 0.0200"
+    )
 
 
 def test_a_tiny_drop_against_a_tiny_tolerance_is_not_printed_as_zeros():
@@ -189,7 +195,8 @@ def test_junit_problems_are_error_cases_in_their_variants_suite_or_a_results_sui
 
 
 def test_junit_notes_are_the_system_out_of_their_variants_suite_or_the_results_suite():
-    own = f"int8@{BACKEND} computes in fp32 (nothing in the graph was lowered to int8): its pass says nothing about int8"
+    own = (f"int8@{BACKEND} computes in fp32 (nothing in the graph was lowered to int8): its pass says nothing "
+           "about int8")
     checks = checks_for("int8", {"overall": 0.95, "condition=noisy": 0.9, "faint": 0.93})
     report = GateReport("accuracy", tuple(checks), gated=(f"int8@{BACKEND}",),
                         notes=("inputs not checked for staleness (--no-staleness-check)", own))  # fmt: skip
@@ -230,7 +237,9 @@ def test_markdown_summary_lists_breaches_first_and_the_problems():
     assert lines[0] == "### qbench gate: FAIL (results unusable)"
     table = [line for line in lines if line.startswith("| ")]
     assert len(table) == 1 + 12  # header + one row per check
-    assert table[1].startswith("| fp8@onnxruntime-cpu | overall | accuracy | 0.9500 | 0.9000 | 0.0500 | 0.0100 | **BREACH** |")
+    assert table[1].startswith(
+        "| fp8@onnxruntime-cpu | overall | accuracy | 0.9500 | 0.9000 | 0.0500 | 0.0100 | **BREACH** |"
+    )
     assert "- **cannot judge (fail closed):** results were modified after the sweep (digest)" in lines
 
 

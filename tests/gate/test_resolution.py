@@ -126,7 +126,8 @@ def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():
     # 4 rows of 200 at cosine 0.6 with FP32's, the rest unchanged: a mean drop of 0.008 whose interval reaches 0.0158;
     # each row keeps 0.6 of what tells it from the others (rows_kept: FP32's rows share a cosine of 0.003)
     away = rng.normal(size=(4, 8))
-    away -= np.sum(away * reference[:4], axis=1, keepdims=True) / np.sum(reference[:4] ** 2, axis=1, keepdims=True) * reference[:4]
+    along = np.sum(away * reference[:4], axis=1, keepdims=True) / np.sum(reference[:4] ** 2, axis=1, keepdims=True)
+    away -= along * reference[:4]
     rare = reference.copy()
     rare[:4] = (0.6 * reference[:4] / np.linalg.norm(reference[:4], axis=1, keepdims=True)
                 + 0.8 * away / np.linalg.norm(away, axis=1, keepdims=True))  # fmt: skip
@@ -153,7 +154,8 @@ def test_a_mean_compared_with_fp32_needs_its_interval_within_the_tolerance():
 def test_an_error_in_the_data_units_needs_two_rows():
     spec = GateSpec(metric="mae", max_drop=0.5, max_slice_drop=0.5, applies_to=["int8"])
     for rows, code in ((1, EXIT_UNUSABLE), (2, EXIT_PASS)):
-        results = sweep(result("fp32", scope("overall", rows, 3.0, "mae")), result("int8", scope("overall", rows, 3.1, "mae")))
+        results = sweep(result("fp32", scope("overall", rows, 3.0, "mae")),
+                        result("int8", scope("overall", rows, 3.1, "mae")))  # fmt: skip
         assert evaluate_gate(results, spec).exit_code == code
 
 
@@ -247,7 +249,8 @@ def test_a_variant_whose_results_lack_the_count_of_its_changed_decisions_is_no_p
     elsewhere = judged(dataclasses.replace(own.overall, denominators={"agreement": 500}))
     assert elsewhere.exit_code == EXIT_UNUSABLE
     assert "its agreement is counted over 500 units, its accuracy over 1000" in elsewhere.problems[0]
-    assert judged(own.overall).exit_code == EXIT_UNUSABLE and "changed on 224 of them" in judged(own.overall).problems[0]
+    whole = judged(own.overall)
+    assert whole.exit_code == EXIT_UNUSABLE and "changed on 224 of them" in whole.problems[0]
 
 
 def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move_in():
@@ -291,10 +294,12 @@ def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move
             "together a row, weighted by changes), more than its drop counts") in report.problems[0]
     assert f"the 95% interval of the drop reaches {bound:.4g} > tolerance 0.05" in report.problems[0]
     report, overall, _ = judged(scattered)
-    assert overall.changed_together == {"agreement": 1.0} and overall.metrics["agreement"] == pytest.approx(1 - 400 / 1990)
+    assert overall.changed_together == {"agreement": 1.0}
+    assert overall.metrics["agreement"] == pytest.approx(1 - 400 / 1990)
     assert (report.checks[0].drop, report.exit_code) == (0.0, EXIT_PASS)
     edited, _, _ = judged(scattered, lambda scope: dataclasses.replace(scope, changed_together={}))  # FP32's has it
-    assert edited.exit_code == EXIT_UNUSABLE and "how many changes of its agreement share a row is nan" in edited.problems[0]
+    assert edited.exit_code == EXIT_UNUSABLE
+    assert "how many changes of its agreement share a row is nan" in edited.problems[0]
 
 
 def test_changes_within_the_tolerance_are_never_judged_more_harshly_than_losses_alone():
@@ -358,8 +363,8 @@ def test_copies_of_an_input_widen_the_drops_interval():
     report = evaluate_gate(dataclasses.replace(sweep(ref, own), distinct_inputs={"overall": 200}), kl)
     assert report.exit_code == EXIT_UNUSABLE
     assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall kl_mean on 600 rows (200 "
-                               "distinct inputs: the others repeat them): the 95% interval of the drop reaches 0.0112 > "
-                               "tolerance 0.01; about 1016 rows would resolve it at this spread",)  # fmt: skip
+                               "distinct inputs: the others repeat them): the 95% interval of the drop reaches "
+                               "0.0112 > tolerance 0.01; about 1016 rows would resolve it at this spread",)  # fmt: skip
     assert 0.006 + 0.003 * math.sqrt(599 / 199) == pytest.approx(0.0112, abs=5e-5)
 
     accuracy = GateSpec(metric="accuracy", max_drop=0.03, max_slice_drop=0.05, applies_to=["int8"])
@@ -397,7 +402,9 @@ def test_an_interval_the_sweep_cannot_have_written_is_unusable(interval, problem
     assert measured.exit_code == EXIT_UNUSABLE and "interval of the drop reaches 0.02936" in measured.problems[0]
     overall = int8.overall
     intervals = {k: v for k, v in overall.intervals.items() if k != "kl_mean"}
-    edited = dataclasses.replace(overall, intervals=intervals if interval is None else {**intervals, "kl_mean": interval})
+    if interval is not None:
+        intervals["kl_mean"] = interval
+    edited = dataclasses.replace(overall, intervals=intervals)
     variants[1] = dataclasses.replace(variants[1], accuracy=dataclasses.replace(int8, overall=edited))
     report = evaluate_gate(sweep(*variants), spec)
     assert report.exit_code == EXIT_UNUSABLE
@@ -455,8 +462,8 @@ def test_a_drop_a_hair_under_the_tolerance_on_many_rows_is_unresolved_without_a_
     report = _with_first_lost(100_001, 999)
     assert report.exit_code == EXIT_UNUSABLE
     assert report.problems == (
-        "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 100001 rows: its drop of 999 of the 100001 "
-        "rows (0.00999) is within the tolerance, but a variant losing 0.01 of them shows as small a drop with "
+        "int8@cpu: too few rows to resolve the tolerance: overall accuracy on 100001 rows: its drop of 999 of the "
+        "100001 rows (0.00999) is within the tolerance, but a variant losing 0.01 of them shows as small a drop with "
         "probability over 5%: the 95% upper bound of the drop reaches 0.01052 > 0.01",)  # normal approximation: 0.01051
 
 

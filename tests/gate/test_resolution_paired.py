@@ -54,7 +54,8 @@ def test_a_variant_past_the_mae_tolerance_whose_drop_fell_within_it_is_unresolve
     assert (round(drop, 6), round(low, 6), round(high, 6)) == (0.005846, -0.013714, 0.025406)
     report = evaluate_gate(results, GateSpec(metric="mae"))
     assert report.exit_code == EXIT_UNUSABLE
-    needed = math.ceil(ROWS * ((high - drop) / (0.01 * results.variants[0].accuracy.overall.metrics["mae"] - drop)) ** 2)
+    tolerance = 0.01 * results.variants[0].accuracy.overall.metrics["mae"]
+    needed = math.ceil(ROWS * ((high - drop) / (tolerance - drop)) ** 2)
     assert needed == 25269
     assert report.problems == ("int8@cpu: too few rows to resolve the tolerance: overall mae on 300 rows: the 95% "
                                "interval of the drop reaches 0.02541 > tolerance 0.00797724; about 25269 rows would "
@@ -64,7 +65,8 @@ def test_a_variant_past_the_mae_tolerance_whose_drop_fell_within_it_is_unresolve
 @pytest.mark.parametrize(("metric", "code"), [("rmse", EXIT_UNUSABLE), ("r2", EXIT_PASS)])
 def test_rmse_and_r2_are_judged_on_their_own_paired_interval(metric, code):
     """The same rows: rmse's drop 0.00915 is within its default tolerance 0.0102 but its interval reaches 0.0292
-    (unresolved: about 300 x ((0.02918 - 0.00915) / (0.01017 - 0.00915))^2 rows would resolve it); r2's drop 0.00072 has an interval reaching 0.0023, within the default max_drop 0.01 (resolved)."""
+    (unresolved: about 300 x ((0.02918 - 0.00915) / (0.01017 - 0.00915))^2 rows would resolve it); r2's drop 0.00072
+    has an interval reaching 0.0023, within the default max_drop 0.01 (resolved)."""
     report = evaluate_gate(_results(*_rows(20, 0.015)), GateSpec(metric=metric))
     assert report.exit_code == code
     assert [p for p in report.problems if "interval of the drop reaches" in p] == (

@@ -87,7 +87,8 @@ def test_a_classifiers_class_labels_name_its_score_columns(tmp_path: Path) -> No
     """An ONNX-ML LinearClassifier scores its classes in classlabels order; a Normalizer keeps the columns."""
     scores = helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, [None, 3])
     label = helper.make_tensor_value_info("label", TensorProto.INT64, [None])
-    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "raw"], domain="ai.onnx.ml", classlabels_ints=[1, 2, 5],
+    nodes = [helper.make_node("LinearClassifier", ["x"], ["label", "raw"], domain="ai.onnx.ml",
+                              classlabels_ints=[1, 2, 5],
                               coefficients=[0.0] * 12, intercepts=[0.0] * 3),
              helper.make_node("Normalizer", ["raw"], ["probabilities"], domain="ai.onnx.ml", norm="L1")]  # fmt: skip
     onnx.save(_model(nodes, [label, scores]), str(tmp_path / "m.onnx"))
@@ -206,7 +207,8 @@ def test_a_score_the_graph_compares_with_a_constant_is_split_there(tmp_path: Pat
     outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("scores", "plain", "twice")]
     outputs += [helper.make_tensor_value_info(n, TensorProto.BOOL, [None, 1]) for n in ("flag", "flag2", "flag3")]
     outputs.append(helper.make_tensor_value_info("weight", TensorProto.FLOAT, [None]))
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["scores"]), helper.make_node("Reshape", ["scores", "shape"], ["flat"]),
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["scores"]),
+             helper.make_node("Reshape", ["scores", "shape"], ["flat"]),
              helper.make_node(op, ["flat", "c"] if score_first else ["c", "flat"], ["flag"]),
              helper.make_node("Abs", ["scores"], ["plain"]), helper.make_node("Neg", ["scores"], ["twice"]),
              helper.make_node("Less", ["twice", "c"], ["flag2"]), helper.make_node("Less", ["twice", "d"], ["flag3"]),
@@ -267,7 +269,8 @@ def test_an_argmax_output_knows_how_many_class_ids_it_can_give(tmp_path: Path) -
     from qbench.tasks.classification import Classification
 
     weights = onnx.numpy_helper.from_array(np.zeros((4, 10), np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]), helper.make_node("ArgMax", ["s"], ["i"], axis=-1, keepdims=0),
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["s"]),
+             helper.make_node("ArgMax", ["s"], ["i"], axis=-1, keepdims=0),
              helper.make_node("Cast", ["i"], ["ids"], to=TensorProto.INT32)]  # fmt: skip
     ids = helper.make_tensor_value_info("ids", TensorProto.INT32, [None])
     onnx.save(_model(nodes, [ids], [weights]), str(tmp_path / "ids.onnx"))
@@ -278,7 +281,8 @@ def test_an_argmax_output_knows_how_many_class_ids_it_can_give(tmp_path: Path) -
     with pytest.raises(LabelError, match=r"42 hold class ids outside 0..9 \(output 'ids' has 10 classes\)"):
         task.check_labels(np.array([0, 42, 3]), meta, np.arange(3))
     by_rows = [helper.make_node("ArgMax", ["x"], ["ids"], axis=0, keepdims=0)]  # over the (dynamic) rows
-    onnx.save(_model(by_rows, [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])]), str(tmp_path / "rows.onnx"))
+    onnx.save(_model(by_rows, [helper.make_tensor_value_info("ids", TensorProto.INT64, [4])]),
+              str(tmp_path / "rows.onnx"))  # fmt: skip
     assert read_model_info(tmp_path / "rows.onnx").outputs["ids"].class_count is None
 
 
@@ -288,7 +292,8 @@ def test_arithmetic_on_scores_is_traced_back_to_what_makes_them(tmp_path: Path) 
     arithmetic (constants aside) to a Sigmoid/Softmax or a linear layer; other ops, or branches that disagree, say
     nothing (FP32's values then decide)."""
     constants = [onnx.numpy_helper.from_array(np.array(v, np.float32), n)
-                 for n, v in (("w", np.ones((4, 1))), ("b", [0.5]), ("half", 0.5), ("k", 1.1), ("one", 1.0), ("t", 2.0))]  # fmt: skip
+                 for n, v in (("w", np.ones((4, 1))), ("b", [0.5]), ("half", 0.5), ("k", 1.1), ("one", 1.0),
+                              ("t", 2.0))]  # fmt: skip
     node = helper.make_node
     nodes = [node("MatMul", ["x", "w"], ["z"]), node("Sigmoid", ["z"], ["p1"]), node("Mul", ["z", "k"], ["z2"]),
              node("Sigmoid", ["z2"], ["p2"]), node("Mul", ["p1", "half"], ["a"]), node("Mul", ["p2", "half"], ["c"]),
@@ -330,7 +335,8 @@ def test_a_clip_and_onnx_ml_classifiers_say_whether_scores_are_probabilities(tmp
     assert found == {"LogisticRegressionTrue": True, "LogisticRegressionFalse": True,
                      "RandomForestClassifierTrue": None, "LinearSVCNone": None}  # fmt: skip
     bounds = [onnx.numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.02), ("hi", 1.0))]
-    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1), helper.make_node("Clip", ["p", "lo", "hi"], ["clipped"])]
+    nodes = [helper.make_node("Softmax", ["x"], ["p"], axis=1),
+             helper.make_node("Clip", ["p", "lo", "hi"], ["clipped"])]  # fmt: skip
     onnx.save(_model(nodes, [helper.make_tensor_value_info("clipped", TensorProto.FLOAT, [None, 4])], bounds),
               str(tmp_path / "clip.onnx"))  # fmt: skip
     assert read_model_info(tmp_path / "clip.onnx").outputs["clipped"].probabilities is True

@@ -174,7 +174,8 @@ def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() ->
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h0"]), helper.make_node("MatMul", ["h0", "square"], ["h1"])]
     nodes += [helper.make_node(op, [f"h{i + 1}", "b"], [f"h{i + 2}"]) for i, op in enumerate(kinds)]
     nodes.append(helper.make_node("Identity", ["h7"], ["y"]))
-    weights = [numpy_helper.from_array(np.ones((4, 3), np.float16), "w"), numpy_helper.from_array(np.eye(3, dtype=np.float16), "square"),
+    weights = [numpy_helper.from_array(np.ones((4, 3), np.float16), "w"),
+               numpy_helper.from_array(np.eye(3, dtype=np.float16), "square"),
                numpy_helper.from_array(np.ones(3, np.float16), "b")]  # fmt: skip
     graph = helper.make_graph(nodes, "kinds", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 3])], weights)  # fmt: skip
@@ -186,11 +187,13 @@ def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() ->
 @pytest.mark.parametrize(
     ("model", "stored"),
     [
-        pytest.param(lambda: _stored_weight(TensorProto.INT16, "DequantizeLinear"), "1 weight in int16 (DequantizeLinear)", id="int16"),
+        pytest.param(lambda: _stored_weight(TensorProto.INT16, "DequantizeLinear"),
+                     "1 weight in int16 (DequantizeLinear)", id="int16"),
         pytest.param(lambda: _stored_weight(TensorProto.FLOAT16, "Cast"), "1 weight in float16 (Cast)", id="float16"),
-        pytest.param(lambda: _stored_weight(TensorProto.BFLOAT16, "Cast"), "1 weight in bfloat16 (Cast)", id="bfloat16"),
+        pytest.param(lambda: _stored_weight(TensorProto.BFLOAT16, "Cast"), "1 weight in bfloat16 (Cast)",
+                     id="bfloat16"),
     ],
-)
+)  # fmt: skip
 def test_a_reference_storing_weights_in_a_smaller_type_is_named_by_them(model, stored: str) -> None:
     assert stored_weights(model()).startswith(f"stores {stored} and widens them to float when it runs")
 
@@ -198,7 +201,8 @@ def test_a_reference_storing_weights_in_a_smaller_type_is_named_by_them(model, s
 def test_float_weights_and_an_integer_mask_cast_to_float_are_no_stored_weights() -> None:
     """An integer constant cast to float is a mask or an index, not a weight rounded to that type."""
     mask = numpy_helper.from_array(np.array([1, 0, 1], np.uint8), "mask")
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
              helper.make_node("Mul", ["xw", "m"], ["logits"])]  # fmt: skip
     w = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
     assert stored_weights(_linear()) is None
@@ -214,7 +218,8 @@ def test_a_sweep_from_a_weight_only_quantized_reference_says_so_in_results_repor
     pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "weight-only", "task": "embedding", "model": {"path": "model.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}},
-              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8-dyn", "precision": "int8", "calibrator": "dynamic"}],
+              "variants": [{"name": "fp16", "precision": "fp16"},
+                           {"name": "int8-dyn", "precision": "int8", "calibrator": "dynamic"}],
               "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0
@@ -236,7 +241,8 @@ def test_onnx_runtime_quantized_contrib_ops_are_an_int8_model(op: str) -> None:
     graph = helper.make_graph([call], "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
                               [numpy_helper.from_array(np.ones((4, 3), np.float32), "w")])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
     assert reduced_precision(model) == f"the model is already quantized: 1 {op} node"
 
 
@@ -356,7 +362,8 @@ def test_a_dequantized_graph_input_is_the_data_fed_not_a_quantized_model() -> No
         if quantize:
             nodes.insert(0, helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]))
         graph = helper.make_graph(nodes, "decoded", [helper.make_tensor_value_info("x", elem, ["batch", 4])],
-                                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
+                                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                                  weights)  # fmt: skip
         built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
         onnx.checker.check_model(built, full_check=True)
         return built

@@ -94,7 +94,8 @@ def test_the_default_tracking_store_is_checked_as_one_the_recipe_names(
 
 def test_one_glob_matching_no_variant_is_a_recipe_error_naming_it(tmp_path: Path) -> None:
     """A typo in one glob would leave the variant it meant unjudged while the gate passes."""
-    variants = [{"name": "half", "precision": "fp16"}, {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]
+    variants = [{"name": "half", "precision": "fp16"},
+                {"name": "int8-minmax", "precision": "int8", "calibrator": "minmax"}]  # fmt: skip
     check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": ["half", "int8-*"]}))
     with pytest.raises(RecipeError) as caught:
         check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": ["half", "int8-minmx"]}))
@@ -130,7 +131,8 @@ def test_a_fixed_batch_model_refuses_the_batch_sizes_a_recipe_sets_otherwise(tmp
     assert fixed_batch(_recipe(tmp_path), _model(input=(None, 4), mask=(None, 16))) is None
     assert fixed_batch(_recipe(tmp_path), _model(input=(8,))) is None  # rank 1: a batch of scalars or one row
     with pytest.raises(RecipeError) as caught:
-        fixed_batch(_recipe(tmp_path, data={"path": "rows.parquet", "inputs": {"x": "input"}, "evaluation": {"batch_size": 64}}),
+        fixed_batch(_recipe(tmp_path,
+                            data={"path": "rows.parquet", "inputs": {"x": "input"}, "evaluation": {"batch_size": 64}}),
                     _model(input=(8, 4)))  # fmt: skip
     assert str(caught.value) == (
         f"{tmp_path / 'recipe.yaml'}: latency.batch_sizes: model input 'input' has a fixed batch dimension of 8 "
@@ -235,7 +237,8 @@ def test_a_build_store_that_cannot_be_a_writable_folder_is_a_preflight_error(tmp
 def test_the_default_build_store_is_checked_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "cache").write_text("a file where qbench's cache should be")
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
-    with pytest.raises(RecipeError, match=r"executor\.store: .*cache \(in the path of .*builds\) is a file; expected a writable folder for "
+    with pytest.raises(RecipeError,
+                       match=r"executor\.store: .*cache \(in the path of .*builds\) is a file; expected a writable folder for "
                        r"built variants \(the default, in qbench's cache: set executor\.store or \$QBENCH_CACHE_DIR\)"):
         check_destinations(_recipe(tmp_path), track=False)
     check_destinations(_recipe(tmp_path, executor={"store": "s3://bucket/builds"}), track=False)  # checked when used
@@ -261,13 +264,15 @@ def test_exclude_nodes_are_checked_against_the_model_naming_the_entry(tmp_path: 
                                [helper.make_tensor_value_info("t", TensorProto.FLOAT, None)])  # fmt: skip
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
              helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="if")]  # fmt: skip
-    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
+          helper.make_tensor_value_info("c", TensorProto.BOOL, []),
           helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
     weight = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
     int8 = {"name": "q", "precision": "int8", "calibrator": "dynamic"}
 
     def recipe_excluding(excluded: list[str]):
-        recipe = _recipe(tmp_path, variants=[{"name": "half", "precision": "fp16"}, {**int8, "exclude_nodes": excluded}])
+        recipe = _recipe(tmp_path,
+                         variants=[{"name": "half", "precision": "fp16"}, {**int8, "exclude_nodes": excluded}])
         save(helper.make_model(helper.make_graph(nodes, "g", io[:2], io[2:], [weight])), str(recipe.model_path))
         return recipe
 

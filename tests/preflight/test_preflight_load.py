@@ -41,7 +41,8 @@ def _project(tmp_path: Path, model: onnx.ModelProto, backends: list[str] | None 
     table.to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "unloadable", "task": "classification", "model": {"path": "model.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "label", "calibration": {"samples": 16}},
-              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "dyn", "precision": "int8", "calibrator": "dynamic"}],
+              "variants": [{"name": "fp16", "precision": "fp16"},
+                           {"name": "dyn", "precision": "int8", "calibrator": "dynamic"}],
               "executor": {"store": "store"}, "gate": {"metric": "accuracy"}}  # fmt: skip
     if backends is not None:
         recipe["backends"] = backends
@@ -116,7 +117,8 @@ def _defined_twice(kind: str) -> onnx.ModelProto:
         model.graph.output.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]))
     else:
         model.graph.node[0].output[0] = "h"
-        model.graph.node.extend([helper.make_node("Relu", ["h"], ["logits"]), helper.make_node("Abs", ["h"], ["logits"])])
+        model.graph.node.extend([helper.make_node("Relu", ["h"], ["logits"]),
+                                 helper.make_node("Abs", ["h"], ["logits"])])  # fmt: skip
     return model
 
 
@@ -145,7 +147,8 @@ def test_nodes_sharing_a_name_are_named_as_the_cause_not_a_version_problem(tmp_p
     graph, ONNX Runtime refuses it, and the refusal ended with 'export it at an IR version and opsets it supports'.
     It names the shared name now, also inside a subgraph."""
     model = _model()
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"), helper.make_node("Relu", ["h"], ["r"], name=""),
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
+             helper.make_node("Relu", ["h"], ["r"], name=""),
              helper.make_node("Abs", ["r"], ["a"], name=""), helper.make_node("MatMul", ["a", "w2"], ["logits"], name="dense")]
     model.graph.initializer.append(numpy_helper.from_array(np.eye(3, dtype=np.float32), "w2"))
     if where == "graph":
@@ -153,7 +156,8 @@ def test_nodes_sharing_a_name_are_named_as_the_cause_not_a_version_problem(tmp_p
         model.graph.node.extend(nodes)
     else:
         model.graph.node[0].output[0] = "x_w"
-        inside = [helper.make_node("MatMul", ["x_w", "w2"], ["p"], name="dense"), helper.make_node("Relu", ["p"], ["r"]),
+        inside = [helper.make_node("MatMul", ["x_w", "w2"], ["p"], name="dense"),
+                  helper.make_node("Relu", ["p"], ["r"]),
                   helper.make_node("MatMul", ["r", "w2"], ["logits"], name="dense")]  # fmt: skip
         branch = helper.make_graph(inside, "b", [], [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)])
         other = helper.make_graph([helper.make_node("Identity", ["x_w"], ["logits"])], "o", [],

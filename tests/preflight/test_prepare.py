@@ -160,7 +160,8 @@ def test_a_gate_metric_the_evaluated_output_cannot_give_fails_before_the_sweep(t
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2])],
                               [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", 2]),
                                helper.make_tensor_value_info("cls", TensorProto.INT64, ["n"])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "m.onnx"))  # fmt: skip
     (tmp_path / "d.csv").write_text('x,y\n"[1, 0]",0\n"[0, 1]",1\n')
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({"name": "x", "model": {"path": "m.onnx", **model},
                                                      "data": {"path": "d.csv", "inputs": {"x": "x"}, "label": "y"},
@@ -182,7 +183,8 @@ def _symbolic_width_project(tmp_path: Path, task: str, metric: str, labels: list
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", "classes"])], [weight])  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(1).normal(size=(len(labels), 4)).astype(np.float32)
     pd.DataFrame({"x": list(features), "y": labels}).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({

@@ -61,7 +61,8 @@ def _masked_mean(path: Path) -> Path:
         helper.make_node("Div", ["total", "count"], ["pooled"]),
         helper.make_node("MatMul", ["pooled", "w"], ["y"]),
     ]
-    axes = [numpy_helper.from_array(np.array([2], np.int64), "last"), numpy_helper.from_array(np.array([1], np.int64), "tokens")]
+    axes = [numpy_helper.from_array(np.array([2], np.int64), "last"),
+            numpy_helper.from_array(np.array([1], np.int64), "tokens")]  # fmt: skip
     return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", FEATURES]),
                                helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "tokens"])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *axes])  # fmt: skip

@@ -42,7 +42,8 @@ def _scored(batch: int | str, nodes: list, output: onnx.ValueInfoProto, constant
     big = np.iinfo(np.int64).max
     head = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Slice", ["p", "s0", "e4"], ["boxes"]),
             helper.make_node("Slice", ["p", "s4", "e5"], ["logit"]), helper.make_node("Sigmoid", ["logit"], ["sc"])]
-    weights = [WEIGHT, *_constants(s0=[0, 0, 0], e4=[big, big, 4], s4=[0, 0, 4], e5=[big, big, 5]), *constants]  # fmt: skip
+    weights = [WEIGHT, *_constants(s0=[0, 0, 0], e4=[big, big, 4], s4=[0, 0, 4], e5=[big, big, 5]),
+               *constants]  # fmt: skip
     graph = helper.make_graph(head + nodes, "detector",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, BOXES, FEATURES])],
                               [output], weights)  # fmt: skip
@@ -62,7 +63,8 @@ def _nms(batch: int | str) -> onnx.ModelProto:
 
 def _top(k: str) -> onnx.ModelProto:
     """Fixed batch 1: the indices of the top K scores [1, K]; K computed (the count above 0.5) or a constant 3."""
-    nodes = [helper.make_node("Reshape", ["sc", "row"], ["flat"]), helper.make_node("Greater", ["flat", "half"], ["kept"]),
+    nodes = [helper.make_node("Reshape", ["sc", "row"], ["flat"]),
+             helper.make_node("Greater", ["flat", "half"], ["kept"]),
              helper.make_node("Cast", ["kept"], ["ones"], to=TensorProto.INT64),
              helper.make_node("ReduceSum", ["ones"], ["count"], keepdims=0),
              helper.make_node("Reshape", ["count", "one"], ["computed"]),
@@ -78,7 +80,8 @@ def _check(tmp_path: Path, model: onnx.ModelProto, batch: int | None) -> None:
         {"name": "fp16", "precision": "fp16"}], "data": {"path": "rows.parquet", "inputs": {"x": "x"}}}))  # fmt: skip
     feeds = {"x": ROWS_FED[:8]}
     output = model.graph.output[0].name
-    check_row_independence(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "m.onnx", read_model_info(tmp_path / "m.onnx"),
+    check_row_independence(load_recipe(tmp_path / "recipe.yaml"), tmp_path / "m.onnx",
+                           read_model_info(tmp_path / "m.onnx"),
                            feeds, {output: 0}, batch)  # fmt: skip
 
 
@@ -131,9 +134,11 @@ def _top_of_batch() -> onnx.ModelProto:
              helper.make_node("Reshape", ["count", "one"], ["counted"]),
              helper.make_node("Min", ["ten", "counted"], ["k"]),
              helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=1, name="keep_top")]  # fmt: skip
-    graph = helper.make_graph(nodes, "top_of_batch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 20])],
+    graph = helper.make_graph(nodes, "top_of_batch",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 20])],
                               [helper.make_tensor_value_info("top", TensorProto.FLOAT, ["batch", "K"])],
-                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero"), *_constants(one=[1], ten=[10])])  # fmt: skip
+                              [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+                               *_constants(one=[1], ten=[10])])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
@@ -236,7 +241,8 @@ def _top_of_shape(axis: int) -> onnx.ModelProto:
     model.graph.node.extend([helper.make_node("Shape", ["x"], ["shape"]),
                              helper.make_node("Slice", ["shape", "start", "stop"], ["length"]),
                              helper.make_node("Min", ["ten", "length"], ["k"]),
-                             helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=1, name="keep_top")])  # fmt: skip
+                             helper.make_node("TopK", ["x", "k"], ["top", "where"], axis=1,
+                                              name="keep_top")])  # fmt: skip
     onnx.checker.check_model(model)
     return model
 

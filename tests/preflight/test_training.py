@@ -121,7 +121,8 @@ def test_qat_label_loss_reads_one_zero_one_column_per_label(project: Path) -> No
     for index, name in enumerate(("a", "b", "c")):
         table[name] = onehot[:, index].astype(bool)
     table.to_parquet(project / "wide.parquet")
-    path = _recipe(project, "wide", {"loss": "label", "train": {"filter": {"split": "train"}}}, {"filter": {"split": "eval"}})
+    path = _recipe(project, "wide", {"loss": "label", "train": {"filter": {"split": "train"}}},
+                   {"filter": {"split": "eval"}})  # fmt: skip
     recipe = yaml.safe_load(path.read_text())
     recipe.update(task="multilabel", gate={"metric": "micro_f1"})
     recipe["data"].update(path="wide.parquet", label=["a", "b", "c"])
@@ -133,7 +134,8 @@ def test_qat_label_loss_reads_one_zero_one_column_per_label(project: Path) -> No
     assert targets.tolist() == onehot[:40].astype(float).tolist()
 
 
-@pytest.mark.parametrize(("split", "field"), [("train", r"variants\[0\]\.qat\.train\.filter"), ("calib", r"data\.calibration")])
+@pytest.mark.parametrize(("split", "field"),
+                         [("train", r"variants\[0\]\.qat\.train\.filter"), ("calib", r"data\.calibration")])
 def test_qat_under_keep_refuses_nan_rows_it_would_train_or_calibrate_on(project: Path, split: str, field: str) -> None:
     """`data.nonfinite_inputs: keep` feeds NaN to evaluation and calibration; QAT's fake quantization (in training and
     in the observers that calibrate) would turn it into numbers: a recipe error naming the field and what to do, not

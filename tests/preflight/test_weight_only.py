@@ -25,7 +25,8 @@ ROWS = np.random.default_rng(1).normal(size=(64, K)).astype(np.float32)
 
 def _model(nodes: list, weights: list, inputs: list | None = None) -> onnx.ModelProto:
     inputs = inputs or [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", K])]
-    graph = helper.make_graph(nodes, "weight-only", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    graph = helper.make_graph(nodes, "weight-only", inputs,
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
                               weights)  # fmt: skip
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=opsets, ir_version=10)
@@ -51,7 +52,8 @@ def _matmul_nbits(bits: int) -> onnx.ModelProto:
     getattr(kernels, f"quantize_matmul_{bits}bits")(packed, WEIGHT, scales, zero_points, BLOCK, N, K, True)
     node = helper.make_node("MatMulNBits", ["x", "w_packed", "w_scales"], ["y"], domain="com.microsoft", K=K, N=N,
                             bits=bits, block_size=BLOCK)  # fmt: skip
-    model = _model([node], [numpy_helper.from_array(packed, "w_packed"), numpy_helper.from_array(scales.ravel(), "w_scales")])
+    model = _model([node],
+                   [numpy_helper.from_array(packed, "w_packed"), numpy_helper.from_array(scales.ravel(), "w_scales")])
     if bits == 4:  # two values a byte, low nibble first, around the zero point 8
         values = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(N, blocks, BLOCK).astype(np.float32) - 8
     else:
@@ -112,11 +114,13 @@ def _cast_integers(elem: int, scaled: bool = True, cast_like: bool = False) -> o
         nodes = [cast, helper.make_node("Mul", ["w_float", "w_scales"], ["w_scaled"]),
                  helper.make_node("Transpose", ["w_scaled"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
     else:
-        nodes = [cast, helper.make_node("Transpose", ["w_float"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        nodes = [cast, helper.make_node("Transpose", ["w_float"], ["w"]),
+                 helper.make_node("MatMul", ["x", "w"], ["xw"]),
                  helper.make_node("Mul", ["xw", "w_scales_row"], ["y"])]  # fmt: skip
     model = _model(nodes, [numpy_helper.from_array(stored, "w_stored"), numpy_helper.from_array(scales, "w_scales"),
                            numpy_helper.from_array(scales.T.copy(), "w_scales_row")])  # fmt: skip
-    np.testing.assert_allclose(_run(model, {"x": ROWS}), ROWS @ (stored.astype(np.float32) * scales).T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_run(model, {"x": ROWS}), ROWS @ (stored.astype(np.float32) * scales).T, rtol=1e-4,
+                               atol=1e-4)  # fmt: skip
     return model
 
 
@@ -143,27 +147,33 @@ def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) ->
                      id="int8-folded-4-values-per-channel"),
         pytest.param(lambda: _fake_quantized(15, per_channel=True),
                      "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
-        pytest.param(lambda: _cast_integers(TensorProto.INT8), "int8 (weight-only, activations in float: 1 MatMul node)",
+        pytest.param(lambda: _cast_integers(TensorProto.INT8),
+                     "int8 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-cast-scaled"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8, scaled=False),
                      "int8 (weight-only, activations in float: 1 MatMul node)", id="int8-cast-scaled-after"),
-        pytest.param(lambda: _matmul_nbits(4), "4-bit (weight-only, activations in float: 1 MatMulNBits node)", id="nbits4"),
-        pytest.param(lambda: _matmul_nbits(8), "8-bit (weight-only, activations in float: 1 MatMulNBits node)", id="nbits8"),
+        pytest.param(lambda: _matmul_nbits(4), "4-bit (weight-only, activations in float: 1 MatMulNBits node)",
+                     id="nbits4"),
+        pytest.param(lambda: _matmul_nbits(8), "8-bit (weight-only, activations in float: 1 MatMulNBits node)",
+                     id="nbits8"),
         pytest.param(_gather_block_quantized, "4-bit (weight-only, activations in float: 1 GatherBlockQuantized node)",
                      id="gather-block-quantized"),
-        pytest.param(lambda: _dequantized(TensorProto.INT4), "int4 (weight-only, activations in float: 1 DequantizeLinear node)",
+        pytest.param(lambda: _dequantized(TensorProto.INT4),
+                     "int4 (weight-only, activations in float: 1 DequantizeLinear node)",
                      id="int4-dequantized"),
-        pytest.param(lambda: _dequantized(TensorProto.UINT8), "uint8 (weight-only, activations in float: 1 DequantizeLinear node)",
+        pytest.param(lambda: _dequantized(TensorProto.UINT8),
+                     "uint8 (weight-only, activations in float: 1 DequantizeLinear node)",
                      id="uint8-dequantized"),
-        pytest.param(lambda: _dequantized(TensorProto.INT8), "int8 (weight-only, activations in float: 1 DequantizeLinear node)",
+        pytest.param(lambda: _dequantized(TensorProto.INT8),
+                     "int8 (weight-only, activations in float: 1 DequantizeLinear node)",
                      id="int8-dequantized"),
         pytest.param(_float8_cast, "float8 (weight-only, activations in float: 1 Cast node)", id="float8-cast"),
-        pytest.param(lambda: _float8_cast(cast_like=True), "float8 (weight-only, activations in float: 1 CastLike node)",
-                     id="float8-cast-like"),
+        pytest.param(lambda: _float8_cast(cast_like=True),
+                     "float8 (weight-only, activations in float: 1 CastLike node)", id="float8-cast-like"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8, cast_like=True),
                      "int8 (weight-only, activations in float: 1 MatMul node)", id="int8-cast-like-scaled"),
     ],
-)
+)  # fmt: skip
 def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> None:
     """MatMulNBits was refused as 'already quantized' while the same int4 weights behind a DequantizeLinear were
     accepted as an FP32 reference (int8 and float8 too): every drop then measured from a quantized baseline. An int8
@@ -178,9 +188,9 @@ def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> N
 @pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
                                             ("narrowed when run", "Cast")])  # fmt: skip
 def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
-    """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to float16
-    and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the reference's
-    figures were called those of an FP32 model."""
+    """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to
+    float16 and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the
+    reference's figures were called those of an FP32 model."""
     stored = numpy_helper.from_array(WEIGHT.astype(np.float16), "w_stored")
     nodes = [_widen("w_stored", "w", widen == "CastLike"), helper.make_node("MatMul", ["x", "w"], ["y"])]
     weights = [stored] if held == "initializer" else []
@@ -190,7 +200,8 @@ def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, w
         nodes.insert(0, helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16))
         weights = [numpy_helper.from_array(WEIGHT, "w_float")]
     model = _model(nodes, weights)
-    np.testing.assert_allclose(_run(model, {"x": ROWS}), ROWS @ WEIGHT.astype(np.float16).astype(np.float32), rtol=1e-5)
+    expected = ROWS @ WEIGHT.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(_run(model, {"x": ROWS}), expected, rtol=1e-5)
     assert reduced_precision(model) is None
     assert stored_weights(model).startswith(f"stores 1 weight in float16 ({widen}) and widens them to float")
 

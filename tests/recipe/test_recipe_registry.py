@@ -72,10 +72,11 @@ def test_the_command_line_overrides_the_section(section, flags, expected):
         (SECTION, {"alias": "latest"}, "--alias: got 'latest'"),
         (SECTION, {"model": " "}, "--register: got ' ', expected a registered model name"),
         (SECTION, {"model": " spaced "}, "--register: got ' spaced ', expected a registered model name without"),
-        (SECTION, {"model": "team/model"}, "--register: got 'team/model', expected a registered model name without '/'"),
+        (SECTION, {"model": "team/model"},
+         "--register: got 'team/model', expected a registered model name without '/'"),
         (SECTION, {"skip": True, "model": "m"}, "--no-register: contradicts"),
     ],
-)
+)  # fmt: skip
 def test_contradictory_or_bad_options_are_errors(section, flags, expected):
     asked = {"model": None, "alias": None, "skip": False, **flags}
     with pytest.raises(QbenchError, match=expected):

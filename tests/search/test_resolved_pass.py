@@ -91,7 +91,8 @@ def test_copies_of_an_input_among_the_selection_rows_count_as_one_input_as_the_g
     assert clear.passed and not clear.resolved_pass
     assert "overall cosine on 72 rows (8 distinct inputs: the others repeat them)" in clear.unresolved
     assert "the 95% interval of the drop reaches 0.005185 > tolerance 0.005" in clear.unresolved
-    distinct = _search(monkeypatch, ["clear"], [1.5], digests=np.array([bytes([i]) * 32 for i in range(72)], dtype="S32"))
+    distinct = _search(monkeypatch, ["clear"], [1.5],
+                       digests=np.array([bytes([i]) * 32 for i in range(72)], dtype="S32"))  # fmt: skip
     distinct.evaluate_promising()
     assert distinct.records[0].resolved_pass
 

@@ -241,7 +241,8 @@ def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
     onnx.checker.check_model(model)
     layers = float_weighted_layers(model)
     assert layers == {"Gemm (inside If/Loop/Scan)": 1, "MatMul (inside If/Loop/Scan)": 1}
-    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")], layers)
+    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")],
+                           layers)  # fmt: skip
     assert "its weights are in 1 Gemm (inside If/Loop/Scan), 1 MatMul (inside If/Loop/Scan)" in said
     assert "tree ensemble" not in said and "decoder_with_past_model.onnx" in said
 
@@ -256,15 +257,17 @@ def test_linear_layers_computing_in_float64_are_where_the_weights_are_left_float
     out = helper.make_tensor_value_info
     weights = [numpy_helper.from_array(rng.normal(size=(4, 4)), "w_double"),
                numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "w_float")]  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w_double"], ["h"]), helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),
+    nodes = [helper.make_node("MatMul", ["x", "w_double"], ["h"]),
+             helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),
              helper.make_node("MatMul", ["hf", "w_float"], ["y"])]  # fmt: skip
-    graph = helper.make_graph(nodes, "mixed", [out("x", TensorProto.DOUBLE, ["n", 4])], [out("y", TensorProto.FLOAT, ["n", 2])],
-                              weights)  # fmt: skip
+    graph = helper.make_graph(nodes, "mixed", [out("x", TensorProto.DOUBLE, ["n", 4])],
+                              [out("y", TensorProto.FLOAT, ["n", 2])], weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model, full_check=True)
     layers = float_weighted_layers(model)
     assert layers == {"MatMul (float64)": 1}
-    said = select.why_none([CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")], layers)
+    records = [CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")]
+    said = select.why_none(records, layers)
     assert "its weights are in 1 MatMul (float64)" in said and "FloatTensorType" in said and "tree ensemble" not in said
 def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a_similar_speed():
     """A candidate screened a shade faster but only within the slack (excess over 1) waits for one that cleared the
@@ -280,7 +283,8 @@ def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a
     # a wider tie (the noise the search measured): the clear one goes before the much faster risky one too
     assert select.evaluation_order(records, tie=0.25) == [1, 2, 3, 0]
     # all near the gate at a similar speed: fastest first, then the smaller excess
-    near = [_record("a", speedup=2.0, screen=1.2), _record("b", speedup=2.0, screen=1.1), _record("c", speedup=2.05, screen=1.4)]
+    near = [_record("a", speedup=2.0, screen=1.2), _record("b", speedup=2.0, screen=1.1),
+            _record("c", speedup=2.05, screen=1.4)]  # fmt: skip
     assert select.evaluation_order(near) == [2, 1, 0]
 
 

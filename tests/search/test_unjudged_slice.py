@@ -23,7 +23,8 @@ WIDTH, HIDDEN = 16, 64
 def _mlp(path):
     rng = np.random.default_rng(0)
     weights = {"w1": rng.normal(size=(WIDTH, HIDDEN)) / 4, "w2": rng.normal(size=(HIDDEN, 4)) / 8}
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="head")]  # fmt: skip
     graph = helper.make_graph(
         nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],

@@ -10,16 +10,14 @@ it follows an ONNX file: a checkpoint replaced after the sweep was judged on the
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
+from swept_project import fp16_recipe, swept_project
 
 torch = pytest.importorskip("torch")
 
@@ -54,21 +52,6 @@ def build():
 '''
 
 
-@contextlib.contextmanager
-def _swept(root: Path, package: str, recipe: dict) -> Iterator[Path]:
-    """`recipe` written to root/recipe.yaml and swept once (no tracking) with `root` importable, as a user's project
-    is; its package's modules forgotten after."""
-    (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
-    sys.path.insert(0, str(root))
-    try:
-        assert main(["sweep", str(root / "recipe.yaml"), "--no-track"]) == 0
-        yield root / "recipe.yaml"
-    finally:
-        sys.path.remove(str(root))
-        for name in [m for m in sys.modules if m.split(".")[0] == package]:
-            del sys.modules[name]
-
-
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """40 rows repeating 10 feature rows, each with its own id fed to `row_id`, swept once (FP16); the recipe file."""
@@ -80,19 +63,13 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     features = np.tile(rng.normal(size=(10, 4)).astype(np.float32), (4, 1))
     pd.DataFrame({"x": list(features), "rid": np.arange(40, dtype=np.int64), "label": rng.integers(0, 3, 40),
                   "half": np.where(np.arange(40) % 2 == 0, "a", "b")}).to_parquet(root / "data.parquet")  # fmt: skip
-    recipe = {
-        "name": "gate-ids",
-        "model": {"torch": f"{PACKAGE}.models:Scorer", "example_inputs": {"x": [1, 4], "row_id": [1]},
-                  "input_dtypes": {"row_id": "int64"}},
-        "data": {"path": "data.parquet", "inputs": {"x": "x", "rid": "row_id"}, "label": "label",
-                 "slices": [{"by": "half"}]},
-        "variants": [{"name": "fp16", "precision": "fp16"}],
-        "backends": ["onnxruntime-cpu"],
-        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
-        "gate": {"metric": "agreement", "max_drop": 0.05, "unresolved": "note"},
-        "output_dir": "runs",
-    }  # fmt: skip
-    with _swept(root, PACKAGE, recipe) as recipe_file:
+    recipe = fp16_recipe(
+        "gate-ids",
+        {"torch": f"{PACKAGE}.models:Scorer", "example_inputs": {"x": [1, 4], "row_id": [1]},
+         "input_dtypes": {"row_id": "int64"}},
+        {"path": "data.parquet", "inputs": {"x": "x", "rid": "row_id"}, "label": "label", "slices": [{"by": "half"}]},
+    )  # fmt: skip
+    with swept_project(root, recipe, (PACKAGE,)) as recipe_file:
         yield recipe_file
 
 
@@ -109,14 +86,10 @@ def loads_its_checkpoint(tmp_path: Path) -> Iterator[Path]:
     with torch.no_grad():
         labels = model(torch.from_numpy(features)).argmax(dim=1).numpy()
     pd.DataFrame({"x": list(features), "label": labels.astype(np.int64)}).to_parquet(tmp_path / "data.parquet")
-    recipe = {
-        "name": "gate-ckpt", "model": {"torch": f"{LOADING}.models:build", "example_inputs": {"x": [1, 4]}},
-        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "label": "label"},
-        "variants": [{"name": "fp16", "precision": "fp16"}], "backends": ["onnxruntime-cpu"],
-        "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2},
-        "gate": {"metric": "accuracy", "max_drop": 0.05, "unresolved": "note"}, "output_dir": "runs",
-    }  # fmt: skip
-    with _swept(tmp_path, LOADING, recipe) as recipe_file:
+    recipe = fp16_recipe("gate-ckpt", {"torch": f"{LOADING}.models:build", "example_inputs": {"x": [1, 4]}},
+                         {"path": "data.parquet", "inputs": {"x": "x"}, "label": "label"},
+                         gate_metric="accuracy")  # fmt: skip
+    with swept_project(tmp_path, recipe, (LOADING,)) as recipe_file:
         yield recipe_file
 
 

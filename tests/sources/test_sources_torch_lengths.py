@@ -90,7 +90,8 @@ def _recipe(root: Path, model: str, padding: str) -> Path:
                   "example_inputs": {"input_ids": [2, EXAMPLE_LENGTH], "attention_mask": [2, EXAMPLE_LENGTH]},
                   "input_dtypes": {"input_ids": "int64", "attention_mask": "int64"}},
         "data": {"path": "data.csv",
-                 "inputs": {"text": {"tokenizer": {"path": f"package:{MINILM}", "max_length": 64, "padding": padding}}}},
+                 "inputs": {"text": {"tokenizer": {"path": f"package:{MINILM}", "max_length": 64,
+                                                   "padding": padding}}}},
         "variants": [{"name": "fp16", "precision": "fp16"}],
     }  # fmt: skip
     (root / "data.csv").write_text("text\nhello world\n")  # the recipe loads; these tests never read the data

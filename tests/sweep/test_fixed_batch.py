@@ -68,7 +68,8 @@ def project(root: Path, batch: int | str, **changes: Any) -> Path:
         "name": "mlp", "task": "classification", "model": {"path": "mlp.onnx"},
         "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "g"}],
                  "calibration": {"samples": 30, "overlap": "allow"}},  # every row evaluated
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"},
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"},
                      {"name": "int8-dynamic", "precision": "int8", "calibrator": "dynamic"}],
         "latency": {"warmup": 1, "iterations": 3, "threads": 1, "stability": None},
         "analysis": {"ranges": True},
@@ -204,7 +205,8 @@ def test_a_fixed_batch_model_is_served_under_load(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path / "fixed", BATCH, variants=[{"name": "fp16", "precision": "fp16"}],
                      latency={"warmup": 2, "iterations": 100, "threads": 1, "stability": None},
-                     slo={"p99_ms": 50, "rate_rps": 200, "load": {"max_queue_delay_ms": 1, "requests": 1000}})  # fmt: skip
+                     slo={"p99_ms": 50, "rate_rps": 200,
+                          "load": {"max_queue_delay_ms": 1, "requests": 1000}})  # fmt: skip
     results = sweep(recipe, capsys)
     for result in results.variants:
         assert result.status == "ok", (result.key, result.error)

@@ -71,7 +71,8 @@ def project(root: Path, model: onnx.ModelProto | None = None) -> Path:
         "name": "batch-one", "task": "classification", "model": {"path": "model.onnx"},
         "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "evaluation": {"batch_size": 1},
                  "calibration": {"samples": 8, "batch_size": 1, "overlap": "allow"}},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
         "latency": {"batch_sizes": [1, 16], "warmup": 1, "iterations": 2, "stability": None},
         "gate": {"metric": "accuracy", "max_drop": 0.5}, "output_dir": "reports",
     }  # fmt: skip
@@ -95,7 +96,8 @@ def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_buil
     recipe = project(tmp_path / "p")
     builds: list[str] = []
     real = qbench.execute.jobs.build_variant
-    monkeypatch.setattr(qbench.execute.jobs, "build_variant", lambda spec, ctx: builds.append(spec.name) or real(spec, ctx))
+    monkeypatch.setattr(qbench.execute.jobs, "build_variant", lambda spec,
+                        ctx: builds.append(spec.name) or real(spec, ctx))  # fmt: skip
     code = main([command[0], str(recipe), *command[1:]])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]
@@ -210,7 +212,8 @@ def flag_model() -> onnx.ModelProto:
         return helper.make_graph([node], weight, [], [out(f"y_{weight}", TensorProto.FLOAT, ["batch", 3])])
 
     node = helper.make_node("If", ["flag"], ["logits"], then_branch=branch("w1"), else_branch=branch("w2"))
-    graph = helper.make_graph([node], "merged", [out("x", TensorProto.FLOAT, ["batch", 4]), out("flag", TensorProto.BOOL, [1])],
+    graph = helper.make_graph([node], "merged",
+                              [out("x", TensorProto.FLOAT, ["batch", 4]), out("flag", TensorProto.BOOL, [1])],
                               [out("logits", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 

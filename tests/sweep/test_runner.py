@@ -226,14 +226,16 @@ def _forest_project(root: Path) -> Path:
     x, y = make_classification(n_samples=200, n_features=5, n_informative=3, random_state=0)
     x = x.astype(np.float32)
     forest = RandomForestClassifier(n_estimators=4, max_depth=3, random_state=0).fit(x, y)
-    onnx.save(to_onnx(forest, x[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}), str(root / "forest.onnx"))
+    onnx.save(to_onnx(forest, x[:1], options={"zipmap": False}, target_opset={"": 17, "ai.onnx.ml": 3}),
+              str(root / "forest.onnx"))  # fmt: skip
     pd.DataFrame({"x": list(x), "y": y, "split": ["calib"] * 60 + ["eval"] * 140, "half": np.where(x[:, 0] > 0, "a", "b")}).to_parquet(root / "rows.parquet")
     recipe = {
         "name": "forest", "task": "classification", "model": {"path": "forest.onnx", "output": "probabilities"},
         "data": {"path": "rows.parquet", "inputs": {"x": "X"}, "label": "y",
                  "calibration": {"filter": {"split": "calib"}, "samples": 32},
                  "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "half"}]},
-        "variants": [{"name": "int8", "precision": "int8", "calibrator": "entropy"}, {"name": "fp16", "precision": "fp16"}],
+        "variants": [{"name": "int8", "precision": "int8", "calibrator": "entropy"},
+                     {"name": "fp16", "precision": "fp16"}],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3},
         "gate": {"metric": "agreement", "max_drop": 0.01}, "output_dir": str(root / "reports"),
     }  # fmt: skip
@@ -248,7 +250,8 @@ def test_variants_identical_to_fp32_are_reported_so_and_not_timed_again(tmp_path
 
     measured: list[str] = []
     measure = jobs.measure
-    monkeypatch.setattr(jobs, "measure", lambda backend, built, *a, **k: measured.append(built.name) or measure(backend, built, *a, **k))
+    monkeypatch.setattr(jobs, "measure", lambda backend, built, *a,
+                        **k: measured.append(built.name) or measure(backend, built, *a, **k))  # fmt: skip
     outcome = sweep.run_sweep(_forest_project(tmp_path), track=False)
     assert measured == ["fp32"]
     fp32 = outcome.results.find("fp32", "onnxruntime-cpu")

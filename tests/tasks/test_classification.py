@@ -78,22 +78,26 @@ def test_labels_accept_integral_floats_and_booleans() -> None:
 
 def test_labels_must_fit_the_output_classes() -> None:
     scores = TensorMeta("scores", np.dtype("float32"), (None, 3))
-    with pytest.raises(LabelError, match=r"1 row, e.g. row 13: 3 hold class ids outside 0..2 \(output 'scores' has 3 classes\)"):
+    with pytest.raises(LabelError,
+                       match=r"1 row, e.g. row 13: 3 hold class ids outside 0..2 \(output 'scores' has 3 classes\)"):
         TASK.check_labels(np.array([0, 1, 2, 3]), scores, POSITIONS)
     zipmap = TensorMeta("probs", np.dtype("float32"), (None, 3), "map", "seq(map(int64,tensor(float32)))", (1, 5, 7))
     TASK.check_labels(np.array([1, 5, 7, 5]), zipmap, POSITIONS)
-    with pytest.raises(LabelError, match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):
+    with pytest.raises(LabelError,
+                       match=r"e.g. row 10: 0 hold classes the output 'probs' does not have \(its classes: 1, 5, 7\)"):
         TASK.check_labels(np.array([0, 5, 7, 5]), zipmap, POSITIONS)
     TASK.check_labels(np.array([0, 9]), TensorMeta("ids", np.dtype("int64"), (None,)), POSITIONS)  # no class count
     decision = TensorMeta("is_fraud", np.dtype("bool"), (None,))  # a boolean output decides between two classes
     TASK.check_labels(np.array([0, 1, 1, 0]), decision, POSITIONS)
-    with pytest.raises(LabelError, match=r"e.g. row 11: 7 hold class ids outside 0..1 \(output 'is_fraud' has 2 classes\)"):
+    with pytest.raises(LabelError,
+                       match=r"e.g. row 11: 7 hold class ids outside 0..1 \(output 'is_fraud' has 2 classes\)"):
         TASK.check_labels(np.array([0, 7, 1, 0]), decision, POSITIONS)
     assert class_count(TensorMeta("p", np.dtype("float32"), (None, 1))) == 2  # one binary score
     for rows in (None, 8):  # one score per row: its only dimension is the rows, not the classes
         score = TensorMeta("p", np.dtype("float32"), (rows,))
         assert class_count(score) == 2
-        with pytest.raises(LabelError, match=r"e.g. row 12: 2 hold class ids outside 0..1 \(output 'p' has 2 classes\)"):
+        with pytest.raises(LabelError,
+                           match=r"e.g. row 12: 2 hold class ids outside 0..1 \(output 'p' has 2 classes\)"):
             TASK.check_labels(np.array([0, 1, 2, 0]), score, POSITIONS)
 
 
@@ -104,7 +108,8 @@ def test_labels_of_a_map_with_negative_keys_are_read_through_its_keys() -> None:
     labels = TASK.labels_from_values(TASK.decode_label_names([-1, 1, 1.0, -1], [zipmap], POSITIONS), POSITIONS)
     assert labels.tolist() == [0, 1, 1, 0]
     TASK.check_labels(labels, zipmap, POSITIONS)
-    with pytest.raises(LabelError, match=r"1 row, e.g. row 12: 0 name classes the output 'probs' does not have \(its classes: -1, 1\)"):
+    with pytest.raises(LabelError,
+                       match=r"1 row, e.g. row 12: 0 name classes the output 'probs' does not have \(its classes: -1, 1\)"):
         TASK.decode_label_names([-1, 1, 0, -1], [zipmap], POSITIONS)
 
 

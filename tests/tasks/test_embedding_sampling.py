@@ -110,7 +110,8 @@ def _result(name: str, value: float, scored: int) -> VariantResult:
     def scope(scope_name: str, rows: int) -> SliceMetrics:
         return SliceMetrics(scope_name, rows, {"nn_agreement": value}, denominators={"nn_agreement": scored})
 
-    accuracy = AccuracyResult(rows=6000, nonfinite_outputs=0, overall=scope("overall", 6000), slices=(scope("s", 3000),))
+    accuracy = AccuracyResult(rows=6000, nonfinite_outputs=0, overall=scope("overall", 6000),
+                              slices=(scope("s", 3000),))  # fmt: skip
     return VariantResult(variant=name, backend="onnxruntime-cpu", precision="fp32" if name == "fp32" else "int8",
                          status="ok", error=None, accuracy=accuracy)  # fmt: skip
 

@@ -86,8 +86,10 @@ def test_one_class_evaluation_set_a_model_answers_rarely_is_judged(tmp_path, mon
     bias = np.array([0.0, -0.524], np.float32)
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])
     logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [None, 2])
-    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["logits"])],
-                        [x], [logits], [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")])  # fmt: skip
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["mm"]),
+                         helper.make_node("Add", ["mm", "b"], ["logits"])],
+                        [x], [logits], [numpy_helper.from_array(weight, "w"),
+                                        numpy_helper.from_array(bias, "b")])  # fmt: skip
     answers = np.argmax(features @ weight + bias, axis=1)
     assert int(answers.sum()) == 118  # hand-computed with numpy above
     monkeypatch.chdir(tmp_path)

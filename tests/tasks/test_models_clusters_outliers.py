@@ -74,7 +74,8 @@ def test_minus_one_labels_pick_the_outlier_label_over_its_score(tmp_path, monkey
     truth = np.where(np.arange(len(features)) % 5 == 0, -1, 1)
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path, _converted(detector, features), table(features, truth),
-                     variants=[{"name": "fp32", "precision": "fp32"}, {"name": "fp16", "precision": "fp16"}])  # fmt: skip
+                     variants=[{"name": "fp32", "precision": "fp32"},
+                               {"name": "fp16", "precision": "fp16"}])  # fmt: skip
     results, output = run_all(recipe, capsys)
     assert said("output 'scores' passed over", output)
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(detector.predict(features) == truth)), abs=1e-12)
@@ -113,7 +114,8 @@ def test_outlier_scores_are_decided_where_the_graph_splits_them(tmp_path, monkey
     features[::3, 0] = rng.uniform(-0.0095, -0.0055, size=len(features[::3]))  # scores in (0.0005, 0.0045)
     model = _split_scores_model()
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, model, table(features), variants=[INT8], model={"path": "model.onnx", "output": "scores"})
+    recipe = project(tmp_path, model, table(features), variants=[INT8],
+                     model={"path": "model.onnx", "output": "scores"})  # fmt: skip
     results, _ = run_all(recipe, capsys)
     fp32 = plain_ort(tmp_path / "model.onnx", {"x": features})
     int8 = plain_ort(_variant_path(results, recipe, "int8"), {"x": features})

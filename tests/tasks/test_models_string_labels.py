@@ -66,7 +66,8 @@ def test_string_labels_read_through_the_graphs_classes_without_a_zipmap(tmp_path
     make = {"gaussian-nb": GaussianNB, "knn": KNeighborsClassifier, "svc-3-classes": lambda: SVC(C=0.05)}[estimator]
     classifier = make().fit(features[::2], labels[::2])
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, _convert(classifier, features, zipmap=False), table(features, labels), variants=FP32_TWICE)
+    recipe = project(tmp_path, _convert(classifier, features, zipmap=False), table(features, labels),
+                     variants=FP32_TWICE)  # fmt: skip
     results, _ = run_all(recipe, capsys)
     expected = float(np.mean(classifier.predict(features) == labels))
     assert expected > 0.6
@@ -83,7 +84,8 @@ def test_data_classes_must_agree_with_the_classes_the_graph_states(tmp_path, mon
     classifier = LogisticRegression(max_iter=500).fit(features, labels)
     model = _convert(classifier, features, zipmap=False)
     monkeypatch.chdir(tmp_path)
-    reordered = project(tmp_path / "reordered", model, table(features, labels), data={"classes": ["zeta", "mid", "alpha"]})
+    reordered = project(tmp_path / "reordered", model, table(features, labels),
+                        data={"classes": ["zeta", "mid", "alpha"]})  # fmt: skip
     assert main(["validate", str(reordered)]) == 2
     assert said("reordered/recipe.yaml: data.classes: output 'probabilities' names its own classes in the graph "
                 "(alpha, mid, zeta); expected data.classes left out, or equal to them", capsys.readouterr().err)  # fmt: skip

@@ -87,7 +87,8 @@ def test_a_variant_moving_both_ends_by_one_token_is_scored_by_its_span_not_by_ea
     assert metrics["span_agreement"] == pytest.approx(2 / 3) and metrics["span_f1"] == pytest.approx((1 + 2 / 3 + 1) / 3)
     assert metrics["exact_match"] == pytest.approx(1 / 3) and metrics["f1"] == pytest.approx((1 + 2 / 3 + 0) / 3)
     assert result.slice("first").metrics["span_f1"] == 1.0
-    shorter = evaluate_accuracy("span", variant, reference, labels, {}, feeds=feeds, task_options={"max_answer_tokens": 1})
+    shorter = evaluate_accuracy("span", variant, reference, labels, {}, feeds=feeds,
+                                task_options={"max_answer_tokens": 1})  # fmt: skip
     # one token at most: ties of 5 go to the earliest, FP32 (2, 2), (2, 2), (3, 3); the variant (2, 2), (3, 3), (3, 3)
     assert shorter.overall.metrics["span_agreement"] == pytest.approx(2 / 3)
     assert shorter.overall.metrics["span_f1"] == pytest.approx(2 / 3)
@@ -196,7 +197,8 @@ def _qa_project(tmp_path, token_types: bool = True, **changes):
     words = "river mill field wheat barley farmer north summer stone bridge".split()
     questions = [f"where is the {rng.choice(words)}?" for _ in range(60)]
     contexts = [" ".join(rng.choice(words, size=int(rng.integers(3, 12)))) for _ in range(60)]
-    encoded = tokenizer(questions, text_pair=contexts, max_length=TOKENS, truncation="only_second", padding="max_length",
+    encoded = tokenizer(questions, text_pair=contexts, max_length=TOKENS, truncation="only_second",
+                        padding="max_length",
                         return_tensors="np")  # fmt: skip
     marked = np.array([[i == 1 for i in encoded.sequence_ids(row)] for row in range(60)])
     answers = []
@@ -208,7 +210,8 @@ def _qa_project(tmp_path, token_types: bool = True, **changes):
                           "half": np.where(np.arange(60) % 2 == 0, "even", "odd")})  # fmt: skip
     recipe = {"task": "span", "data": {"inputs": {"question": {"tokenizer": spec.model_dump(exclude_defaults=True)}},
               "label": "answer", "calibration": {"samples": 16}},
-              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
+              "variants": [{"name": "fp16", "precision": "fp16"},
+                           {"name": "int8", "precision": "int8", "calibrator": "dynamic"}],
               "gate": {"max_drop": 1.0, "max_slice_drop": 1.0}, **changes}  # fmt: skip
     feeds = {k: np.asarray(encoded[k], np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
     model = _qa_model(tokenizer.vocab_size, token_types)

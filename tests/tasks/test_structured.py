@@ -63,7 +63,8 @@ def _segmentation_project(tmp_path, **changes):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     truth = session.run(None, {"x": images})[0].argmax(axis=1).reshape(ROWS, -1)
     truth = np.where(rng.random(truth.shape) < 0.2, (truth + 1) % CLASSES, truth)  # FP32 is not perfect
-    table = pd.DataFrame({"x": [row.ravel() for row in images], "half": np.where(np.arange(ROWS) % 2 == 0, "even", "odd"),
+    table = pd.DataFrame({"x": [row.ravel() for row in images],
+                          "half": np.where(np.arange(ROWS) % 2 == 0, "even", "odd"),
                           "y": [row.tolist() for row in truth]})  # fmt: skip
     (tmp_path / "seg_metrics.py").write_text(METRIC_MODULE)
     recipe = {"task": "structured", "data": {"label": "y"},
@@ -102,9 +103,10 @@ def test_a_segmentation_output_stays_refused_by_classification(tmp_path, capsys)
     ("changes", "message"),
     [
         ({"metrics": []}, "metrics: task 'structured' is judged by the recipe's own metrics; expected at least one"),
-        ({"gate": {"metric": "accuracy"}}, "gate.metric: got 'accuracy', expected one of agreement, max_abs_error, miou"),
+        ({"gate": {"metric": "accuracy"}},
+         "gate.metric: got 'accuracy', expected one of agreement, max_abs_error, miou"),
     ],
-)
+)  # fmt: skip
 def test_structured_recipes_without_a_metric_of_their_own_are_refused(tmp_path, capsys, changes, message):
     recipe, _, _ = _segmentation_project(tmp_path, **changes)
     assert main(["validate", str(recipe)]) == 2
@@ -118,7 +120,8 @@ def test_label_cells_are_stacked_when_rectangular_and_kept_per_row_when_not():
     assert per_pixel.shape == (3, 4) and per_pixel.dtype.kind == "i"
     boxes = task.labels_from_values([[[0, 0, 1, 1]], [[0, 0, 2, 2], [1, 1, 3, 3]], [[0.5, 0.5, 1, 1]]], positions)
     assert boxes.dtype == object and [cell.shape for cell in boxes] == [(1, 4), (2, 4), (1, 4)]
-    for bad, shown in [([1, None, 2], "row 1"), ([[1, 2], [1, None], [3, 4]], "row 1"), ([[1], [[1, 2], [3]], [2]], "row 1")]:
+    for bad, shown in [([1, None, 2], "row 1"), ([[1, 2], [1, None], [3, 4]], "row 1"),
+                       ([[1], [[1, 2], [3]], [2]], "row 1")]:  # fmt: skip
         with pytest.raises(LabelError, match=f"1 row, e.g. {shown}"):
             task.labels_from_values(bad, positions)
 
@@ -175,7 +178,8 @@ def _detection_model():
     scores Sigmoid(MatMul) [N, K]."""
     rng = np.random.default_rng(2)
     weights = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32) * scale, name)
-               for name, shape, scale in [("w", (8, 16), 1.0), ("wc", (16, 2 * BOXES), 0.5), ("wh", (16, 2 * BOXES), 0.3),
+               for name, shape, scale in [("w", (8, 16), 1.0), ("wc", (16, 2 * BOXES), 0.5),
+                                          ("wh", (16, 2 * BOXES), 0.3),
                                           ("ws", (16, BOXES), 1.0)]]  # fmt: skip
     weights += [numpy_helper.from_array(np.array([-1, BOXES, 2], np.int64), "shape"),
                 numpy_helper.from_array(np.array(0.25, np.float32), "quarter")]  # fmt: skip
@@ -225,7 +229,8 @@ def test_a_detectors_boxes_and_scores_are_judged_together_by_one_metric_per_slic
         found = results.find(variant, "onnxruntime-cpu")
         given = plain_ort(found.evaluated_model_path or found.model_path, {"x": features})  # fp16: its emulation
         for scope, mask in [("overall", np.ones(ROWS, bool)), ("half=even", even), ("half=odd", ~even)]:
-            expected = namespace["box_iou"]({k: v[mask] for k, v in given.items()}, [t for t, m in zip(truth, mask) if m])
+            expected = namespace["box_iou"]({k: v[mask] for k, v in given.items()},
+                                            [t for t, m in zip(truth, mask) if m])  # fmt: skip
             figures = found.accuracy.overall if scope == "overall" else found.accuracy.slice(scope)
             assert figures.metrics["box_iou"] == pytest.approx(expected, abs=1e-12), (variant, scope)
         assert {"boxes/agreement", "scores/agreement", "box_iou"} <= set(found.accuracy.overall.metrics)

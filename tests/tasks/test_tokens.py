@@ -215,7 +215,8 @@ def test_token_classification_end_to_end(tmp_path: Path, capsys: pytest.CaptureF
     assert slices["half=few"] != slices["half=many"]
     worse = max(slices, key=slices.__getitem__)
     threshold = (slices["half=few"] + slices["half=many"]) / 2
-    spec = load_recipe(recipe).gate.model_copy(update={"metric": "flip_rate", "max_drop": 1.0, "max_slice_drop": threshold})
+    spec = load_recipe(recipe).gate.model_copy(update={"metric": "flip_rate", "max_drop": 1.0,
+                                                       "max_slice_drop": threshold})  # fmt: skip
     verdict = evaluate_gate(results, spec)
     assert not verdict.problems
     assert [(b.variant, b.scope) for b in verdict.breaches] == [("int8", worse)]

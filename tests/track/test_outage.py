@@ -29,7 +29,8 @@ from qbench.track.saved import log_sweep
 from qbench.track.store import BOUNDED_RETRIES
 from tests.explain.test_sensitivity import INT8, write_fragile_project
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="stops the server's process group via /proc")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="stops the server's process group via /proc")  # fmt: skip
 
 
 def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(

@@ -5,10 +5,13 @@ sweep's process dying, never loses a measurement or leaves a run RUNNING."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,9 +21,12 @@ from signalled import run_signalled
 from tracking_hooks import in_tracking_process, tracking_process_hook, tracking_processes, wait_until_gone
 from user_model import make_fp16_project
 
+import qbench.supervisor as supervisor
+import qbench.track.process as process_module
 from qbench.cli.app import main
 from qbench.results.schema import read_results
 from qbench.sweep.runner import _Progress
+from qbench.track.process import RemoteTracker, TrackingProcess
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the tracking process via /proc")
@@ -113,6 +119,68 @@ def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_besi
     assert len(idle_starts) == 2 and served[-1][1] > idle_starts[1][2]  # FP32's and FP16's; FP16 served after
     fp16_served = next(window for window in served if window[1] > idle_starts[1][2])
     assert idle_starts[1][2] <= first_logged[1] and first_logged[2] <= fp16_served[1]
+
+
+def test_a_call_larger_than_a_pipe_holds_is_sent_while_the_tracking_process_still_imports_mlflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opening of the runs carries the sweep's rows (220 KiB for the digits demo) and is sent while the tracking
+    process is still importing MLflow. A pipe holds 64 KiB: the send waited for that import to end, and so did the
+    sweep's builds. Here the import waits until the send has returned (a hang before: 60 s is only its guard)."""
+    released = tmp_path / "released"
+    in_tracking_process(tmp_path / "hook", monkeypatch, f"""
+        import os, sys, time
+        class _HeldImport:
+            def find_spec(self, name, path=None, target=None):
+                if name == "qbench.track.tracker":
+                    sys.meta_path.remove(self)
+                    while not os.path.exists({str(released)!r}):
+                        time.sleep(0.01)
+                return None
+        sys.meta_path.insert(0, _HeldImport())
+    """)
+    process = TrackingProcess(logging.INFO)
+    sent: list[int] = []
+    try:
+        sender = threading.Thread(target=lambda: sent.append(process.send("settle", bytes(4 << 20))), daemon=True)
+        sender.start()
+        sender.join(timeout=60)
+        assert sent, "the send waited for the tracking process to read it"
+        released.touch()
+        assert process.wait(sent[0]) is None and not process.busy and process.gone is None
+    finally:
+        released.touch()
+        process.close()
+
+
+def test_a_call_cut_short_by_the_sweeps_process_dying_ends_the_tracking_process_as_its_pipe_closing_does(
+    tmp_path: Path,
+) -> None:
+    """The sweep's process killed while it writes a call (the opening's 220 KiB, a variant's results) leaves the bytes
+    of part of it: the tracking process treats it as the pipe closing (ends the runs it has KILLED, exits 0). Before,
+    it died of the read's error (OSError, exit 1) and left its runs RUNNING."""
+    process = TrackingProcess(logging.INFO)
+    header = (1 << 20).to_bytes(4, "big")  # a call of 1 MiB (multiprocessing's length prefix), of which 10 bytes come
+    os.write(process._calls.fileno(), header + bytes(10))
+    process._calls.close()
+    assert process._process.wait(timeout=120) == 0
+
+
+def test_the_supervised_commands_tracking_process_is_let_go_as_its_sweep_ends_and_waited_for_as_it_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The `qbench` command's process runs one sweep: its tracking process, kept idle for a next one, began its exit
+    (MLflow's exit handlers) only once the command had printed its summary and exited, which waited for it."""
+    parent = os.open(os.devnull, os.O_WRONLY)  # the channel to the supervising process (qbench.supervisor)
+    monkeypatch.setattr(supervisor, "_channel", parent)
+    try:
+        process = TrackingProcess(logging.INFO)
+        RemoteTracker(process).end()
+        assert process not in process_module._idle and process.gone == "was let go"
+        process_module._close_idle()  # as the command's process exits
+        assert process._process.returncode == 0
+    finally:
+        os.close(parent)
 
 
 def signal_after_the_first_variant(cwd: Path, monkeypatch: pytest.MonkeyPatch, signum: int) -> list[int]:
@@ -208,7 +276,8 @@ def test_the_runs_of_a_sweep_whose_process_is_killed_are_ended_killed(tmp_path: 
     raw["variants"].append({"name": "int8", "precision": "int8", "calibrator": "minmax"})
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "COLUMNS": "400"}
-    done = run_signalled("qbench.sweep.runner:_Progress.finished", signal.SIGKILL, "sweep", str(recipe), env=env, cwd=tmp_path)
+    done = run_signalled("qbench.sweep.runner:_Progress.finished", signal.SIGKILL, "sweep", str(recipe), env=env,
+                         cwd=tmp_path)  # fmt: skip
     assert done.returncode == -signal.SIGKILL
     wait_until_gone(tmp_path)
     [run_dir] = (tmp_path / "reports" / "tumour-mlp").iterdir()

@@ -105,7 +105,8 @@ def test_gate_and_registry_find_a_default_store_from_another_working_directory(
     capsys.readouterr()
     assert main(["gate", str(recipe), "--register", "linear-model"]) == 0
     client = MlflowClient(f"sqlite:///{(work / 'mlflow.db').as_posix()}")
-    [parent] = client.search_runs([client.get_experiment_by_name("linear").experiment_id], "tags.`qbench.run_dir` LIKE '%'")
+    [parent] = client.search_runs([client.get_experiment_by_name("linear").experiment_id],
+                                  "tags.`qbench.run_dir` LIKE '%'")  # fmt: skip
     assert f"MLflow: gate verdict tagged on sweep run {parent.info.run_id}" in capsys.readouterr().err
     version = client.get_model_version_by_alias("linear-model", "candidate")  # a variant's run of that sweep
     assert client.get_run(version.run_id).data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -50,10 +50,11 @@ def test_with_several_gated_metrics_the_arrangement_breaking_the_second_is_the_o
 def test_worst_scopes_takes_each_scope_from_the_arrangement_where_it_drops_most():
     evaluated, alone, mixed = Arrangement(64, mixed=False), Arrangement(1, mixed=True), Arrangement(32, mixed=True)
     judged = {
-        evaluated: AccuracyResult(20, 0, _scope("overall", 0.90, 0.01), (_scope("a", 0.9, 0.0), _scope("b", 0.9, 0.02))),
+        evaluated: AccuracyResult(20, 0, _scope("overall", 0.90, 0.01),
+                                  (_scope("a", 0.9, 0.0), _scope("b", 0.9, 0.02))),
         alone: AccuracyResult(20, 1, _scope("overall", 0.89, 0.02), (_scope("a", 0.8, 0.1), _scope("b", 0.9, 0.02))),
         mixed: AccuracyResult(20, 0, _scope("overall", 0.85, 0.06), (_scope("a", 0.7, 0.2), _scope("b", 0.95, -0.03))),
-    }
+    }  # fmt: skip
     worst, chosen = worst_scopes(judged, ("accuracy",))
     assert worst.overall.metrics == {"accuracy": 0.85} and chosen["overall"] == mixed
     assert [s.metrics["accuracy"] for s in worst.slices] == [0.7, 0.9]
@@ -139,7 +140,8 @@ def _sorted_by_slice_project(root: Path, batch_sizes: list[int]) -> Path:
     _two_layer_model(root / "m.onnx")
     recipe = {
         "name": "mix", "task": "classification", "model": {"path": "m.onnx"},
-        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": 128},
+        "data": {"path": "d.parquet", "inputs": {"x": "x"},
+                 "calibration": {"filter": {"split": "calib"}, "samples": 128},
                  "evaluation": {"filter": {"split": "eval"}, "batch_size": 64}, "slices": [{"by": "level"}]},
         "variants": [{"name": "int8-dynamic", "precision": "int8", "calibrator": "dynamic"}],
         "latency": {"batch_sizes": batch_sizes, "warmup": 1, "iterations": 3, "threads": 1, "stability": None},

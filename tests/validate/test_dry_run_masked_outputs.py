@@ -39,7 +39,8 @@ def _masked_classifier(tmp_path: Path, fill: float, *, per_row: bool = False, cl
                     numpy_helper.from_array(np.array([0], dtype=np.int64), "zero"),
                     numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
                     numpy_helper.from_array(np.array(0.0, dtype=np.float32), "zero_f")]  # fmt: skip
-    graph = helper.make_graph(nodes, "masked", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
+    graph = helper.make_graph(nodes, "masked",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", FEATURES])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", CLASSES])],
                               initializer=initializers)  # fmt: skip
     path = tmp_path / "masked.onnx"
@@ -74,7 +75,8 @@ def test_every_class_masked_with_minus_inf_on_every_row_stops_the_dry_run_in_one
 def test_a_finite_fill_and_a_mask_of_some_rows_pass_the_dry_run(tmp_path):
     finite = tmp_path / "finite"
     finite.mkdir()
-    dry_run(_prepared(finite, _masked_classifier(finite, float(np.finfo(np.float32).min))), get_backend("onnxruntime-cpu"))
+    dry_run(_prepared(finite, _masked_classifier(finite, float(np.finfo(np.float32).min))),
+            get_backend("onnxruntime-cpu"))  # fmt: skip
     some = tmp_path / "some"
     some.mkdir()
     # -inf only on rows whose first feature is positive: those rows are FP32's failures, the others are judged

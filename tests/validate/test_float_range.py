@@ -126,7 +126,8 @@ def _project(root: Path, regression: bool) -> tuple[Path, np.ndarray, np.ndarray
     labels = y[:, 0] if regression else y.argmax(axis=1)
     pd.DataFrame({"x": list(x), "y": labels, "big": np.where(big, "big", "small"),
                   "split": ["calib" if i < CALIBRATION else "eval" for i in range(ROWS)]}).to_parquet(root / "rows.parquet")
-    recipe = {"name": "beyond", "task": "regression" if regression else "classification", "model": {"path": "model.onnx"},
+    recipe = {"name": "beyond", "task": "regression" if regression else "classification",
+              "model": {"path": "model.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "label": "y", "slices": [{"by": "big"}],
                        "calibration": {"filter": {"split": "calib"}, "samples": CALIBRATION},
                        "evaluation": {"filter": {"split": "eval"}}},

@@ -147,7 +147,8 @@ class _PreparingRunner(_SleepyRunner):
         self.log.append("left")
 
 
-@pytest.mark.parametrize("stability", [None, StabilitySpec(windows=2, window_runs=3, window_seconds=0, max_iterations=9)])
+@pytest.mark.parametrize("stability",
+                         [None, StabilitySpec(windows=2, window_runs=3, window_seconds=0, max_iterations=9)])
 def test_steady_state_times_the_runners_own_calls_when_it_offers_them(stability: StabilitySpec | None) -> None:
     """Its run() (scoring's call, which may convert inputs and outputs) is not what the latency loops time."""
     runner = _PreparingRunner()

@@ -238,7 +238,8 @@ def test_a_batch_started_by_its_queue_delay_is_an_idle_start():
 def test_measured_idle_service_times_are_drawn_for_idle_starts_only():
     """Back to back: 1-2 ms at batch 1, 4-8 ms at batch 4; from idle: 3 ms and 6 ms. Batch 2 is a third of the way
     from 1 to 4: busy 1 + (4 - 1) / 3 = 2 ms at the lowest quantile, idle 3 + (6 - 3) / 3 = 4 ms."""
-    service = MeasuredServiceTimes({1: np.array([1.0, 2.0]), 4: np.array([4.0, 8.0])}, {1: np.array([3.0]), 4: np.array([6.0])})
+    service = MeasuredServiceTimes({1: np.array([1.0, 2.0]), 4: np.array([4.0, 8.0])},
+                                   {1: np.array([3.0]), 4: np.array([6.0])})  # fmt: skip
     assert service.service_ms(2, 0.0) == pytest.approx(2.0)
     assert service.service_ms(2, 0.0, idle=True) == pytest.approx(4.0)
     assert service.service_ms(4, 0.9, idle=True) == 6.0

@@ -145,7 +145,8 @@ def _project(root: Path) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray]:
               "data": {"path": "rows.parquet", "inputs": {"x": "x", "category": "category"}, "label": "y",
                        "slices": [{"by": "kind"}], "calibration": {"filter": {"split": "calib"}, "samples": CALIBRATION},
                        "evaluation": {"filter": {"split": "eval"}}},
-              "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
+              "variants": [{"name": "fp16", "precision": "fp16"},
+                           {"name": "int8", "precision": "int8", "calibrator": "minmax"}],
               "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1},
               "analysis": {"ranges": False}, "gate": {"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5},
               "output_dir": "reports"}  # fmt: skip

@@ -85,7 +85,8 @@ def test_fp32_against_itself_then_a_variant_against_fp32(prepared, tmp_path):
     machine = fp32.result.latency.machine  # the machine the timings ran on (each node of a cluster records its own)
     assert machine["host"] == socket.gethostname() and machine["cpus"] == len(os.sched_getaffinity(0))
     assert machine["cpu"] and machine["arch"] == platform.machine() and "device" not in machine
-    int8 = build_variant(load_recipe(prepared.recipe.source).variants[0], BuildContext(prepared.source.onnx_path, tmp_path,
+    int8 = build_variant(load_recipe(prepared.recipe.source).variants[0],
+                         BuildContext(prepared.source.onnx_path, tmp_path,
                                                                                         prepared.calibration_batches))  # fmt: skip
     measured = measure(backend, int8, prepared, reference=fp32.reference)
     assert measured.result.latency is None  # not timed
@@ -110,7 +111,8 @@ def test_a_model_that_cannot_run_is_a_failed_result_not_an_exception(prepared, t
     assert measured.result.status == "failed" and measured.result.error and measured.outputs is None
 
 
-@pytest.mark.parametrize("module", ["qbench.execute.jobs", "qbench.explain.sensitivity", "qbench.fallback", "qbench.search.run"])
+@pytest.mark.parametrize("module",
+                         ["qbench.execute.jobs", "qbench.explain.sensitivity", "qbench.fallback", "qbench.search.run"])
 def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, monkeypatch):
     """Each caller's measurements go through measure(): replaced in the caller, it sees every model run."""
     import importlib
@@ -121,7 +123,8 @@ def test_sweep_explain_fallback_and_search_measure_through_it(module, tmp_path, 
     caller = importlib.import_module(module)
     seen: list[str] = []
     original = caller.measure
-    monkeypatch.setattr(caller, "measure", lambda backend, built, *a, **k: seen.append(built.name) or original(backend, built, *a, **k))
+    monkeypatch.setattr(caller, "measure", lambda backend, built, *a,
+                        **k: seen.append(built.name) or original(backend, built, *a, **k))  # fmt: skip
     monkeypatch.chdir(tmp_path)
     if module == "qbench.explain.sensitivity":
         explain_variant(load_recipe(write_fragile_project(tmp_path, [INT8])), "int8", method="leave_one_out")
@@ -172,7 +175,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["score"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])], [weight])  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "m.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(2).uniform(size=(40, 4)).astype(np.float32)
     pd.DataFrame({"x": list(features), "y": (features.mean(axis=1) > 0.5).astype(int)}).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "r.yaml").write_text(yaml.safe_dump({
@@ -187,6 +191,27 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
         measure(backend, _fp32(prepared), prepared)
     [record] = caplog.records
     assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': the graph makes it with a linear layer")
+
+
+def _served_at_any_rate(monkeypatch) -> list[float]:
+    """measure()'s real server stood in for by one whose runs meet the budget at any rate; returns the rates it is
+    asked, as they come. A real run at a budget's rate of 10 req/s sends 200 requests and sleeps 20 s through their
+    arrivals (twice where it cannot tell whether the server keeps up), for figures the tests using this never read
+    (real runs: tests/validate/test_serve.py)."""
+    import qbench.validate.measure as measure_module
+    from qbench.results.serving import LoadStats
+
+    rates: list[float] = []
+
+    def server_for(*args, **kwargs):
+        def at(rate_rps, overhead_ms, budget_ms=math.inf, runs=1):
+            rates.append(rate_rps)
+            return LoadStats(rate_rps, 200, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, rate_rps)
+
+        return at
+
+    monkeypatch.setattr(measure_module, "server_for", server_for)
+    return rates
 
 
 def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prepared, monkeypatch):
@@ -206,11 +231,14 @@ def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prep
         return BatcherSamples({bs: 0.0 for bs in batch_sizes}, {bs: 40.0 for bs in batch_sizes})
 
     monkeypatch.setattr(measure_module, "measure_batcher_samples", batcher_samples)
+    served_rates = _served_at_any_rate(monkeypatch)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)
     served = measure(get_backend("onnxruntime-cpu"), _fp32(with_slo), with_slo, timing=timing, serving=True).result.serving
     assert calls == [((1, 8), 3, 50.0)]
+    # the real runs start at the simulated highest rate, confirmed by a second run
+    assert served_rates[:2] == [served.simulated_max_rate_rps] * 2 and served.max_rate_rps == served_rates[0]
     # the figures of the 800 requests that confirmed the pass (judge_rate): a few share a batch and wait less
     assert served.at_rate.requests == 800 and 41.5 <= served.at_rate.p50_ms < 43.0
 
@@ -232,6 +260,7 @@ def test_the_load_simulation_is_clocked_as_its_own_phase_not_as_inference(prepar
         return simulate(*args, **kwargs)
 
     monkeypatch.setattr(load_search, "search_max_rate", slow_simulation)
+    _served_at_any_rate(monkeypatch)
     slo = SloSpec(p99_ms=100.0, rate_rps=10.0, load=LoadSpec(max_queue_delay_ms=2.0, requests=200))
     with_slo = dataclasses.replace(prepared, recipe=prepared.recipe.model_copy(update={"slo": slo}))
     timing = LatencySpec(batch_sizes=[1, 8], warmup=1, iterations=3, stability=None)

@@ -90,7 +90,8 @@ def test_a_torch_result_records_the_module_it_ran_and_its_bound_uses_the_modules
 
 
 def test_fp16_without_native_cpu_kernels_is_emulated_latency_as_its_kernels_label_says(prepared, tmp_path, monkeypatch):
-    monkeypatch.setattr(TorchCPU, "caveat", lambda self, precision: " (no native fp16 matmul on this CPU: accuracy only)")
+    monkeypatch.setattr(TorchCPU, "caveat", lambda self,
+                        precision: " (no native fp16 matmul on this CPU: accuracy only)")  # fmt: skip
     built = _built(prepared, tmp_path, VariantSpec(name="fp16", precision="fp16"))
     result = measure(get_backend("torch-cpu"), built, prepared, quiet=True).result
     assert result.status == "ok" and "no native fp16 matmul" in result.params["runtime.kernels"]
@@ -131,7 +132,8 @@ def test_a_skipped_or_failed_torch_result_names_no_onnx_file_and_carries_only_th
     torch_cpu, ort = get_backend("torch-cpu"), get_backend("onnxruntime-cpu")
     static = VariantSpec(name="static", precision="int8", calibrator="minmax")  # a Q/DQ model only: no torch form, skipped
     built = build_variant(static, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
-    skipped = measure(torch_cpu, attach_torch_form(built, static, ModuleSource(LinearThenMatmul())), prepared, quiet=True)
+    skipped = measure(torch_cpu, attach_torch_form(built, static, ModuleSource(LinearThenMatmul())), prepared,
+                      quiet=True)  # fmt: skip
     failing = _built(prepared, tmp_path, VariantSpec(name="bf16", precision="bf16"))
     failing = attach_torch_form(failing, VariantSpec(name="bf16", precision="bf16"), ModuleSource(Raises().eval()))
     failed = measure(torch_cpu, failing, prepared, quiet=True).result

@@ -29,7 +29,8 @@ def _project(root: Path, *, reads_nan: bool) -> tuple[Path, pd.DataFrame]:
     weights = rng.normal(size=(3, 2)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["f" if reads_nan else "x", "w"], ["logits"])]
     if reads_nan:
-        nodes = [helper.make_node("IsNaN", ["x"], ["gap"]), helper.make_node("Where", ["gap", "zero", "x"], ["f"]), *nodes]
+        nodes = [helper.make_node("IsNaN", ["x"], ["gap"]), helper.make_node("Where", ["gap", "zero", "x"], ["f"]),
+                 *nodes]  # fmt: skip
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 2])],

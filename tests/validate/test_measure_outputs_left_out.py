@@ -31,10 +31,12 @@ def _two_head_project(tmp_path: Path, outputs: dict) -> Path:
     pd.DataFrame({"x": list(features), "y": np.argmax(features[:, :3], axis=1)}).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "left_out_metrics.py").write_text("import numpy as np\n\ndef mean_aux(outputs, labels):\n"
                                                   "    return float(np.mean(outputs['aux']))\n")  # fmt: skip
+    # gate.unresolved note: 80 rows resolve no drop of 0.01, and the gate's notes are printed with any verdict
     body = {"name": "heads", "model": {"path": "m.onnx", **outputs},
             "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y"},
             "variants": [{"name": "fp16", "precision": "fp16"}],
-            "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2}, "analysis": {"ranges": False}}  # fmt: skip
+            "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 2}, "analysis": {"ranges": False},
+            "gate": {"unresolved": "note"}}  # fmt: skip
     if "outputs" in outputs:
         body |= {"task": "structured", "metrics": [{"name": "mean_aux", "function": "left_out_metrics:mean_aux",
                                                     "outputs": ["aux"], "higher_is_better": True}]}  # fmt: skip
@@ -50,24 +52,36 @@ def _reference_notes(tmp_path: Path) -> tuple[tuple[str, ...], str]:
     return next(v for v in results.variants if v.precision == "fp32").notes, (folder / "report.md").read_text()
 
 
-def test_an_output_the_recipe_does_not_evaluate_is_named_in_fp32s_notes_and_the_report(tmp_path):
+def test_an_output_the_recipe_does_not_evaluate_is_named_in_fp32s_notes_the_report_and_the_gate_log(tmp_path, capsys):
     """model.output 'logits' of a model returning 'aux' too: before, nothing in results.json or the report said that
     'aux' was never compared (an INT8 build moved it by up to 912 on a std of 993, and the gate passed, exit 0). Now
-    FP32's notes name it, its dtype and shape, and the output judged; the report's footnotes carry the note."""
+    FP32's notes name it, its dtype and shape, and the output judged; the report's footnotes carry the note, and
+    `qbench gate` prints one line naming it beside its pass."""
     from qbench.cli.app import main
 
-    assert main(["sweep", str(_two_head_project(tmp_path, {"output": "logits"})), "--no-track"]) == EXIT_PASS
+    recipe = _two_head_project(tmp_path, {"output": "logits"})
+    assert main(["sweep", str(recipe), "--no-track"]) == EXIT_PASS
+    capsys.readouterr()
+    assert main(["gate", str(recipe)]) == EXIT_PASS
+    logged = [line for line in capsys.readouterr().out.splitlines() if "not compared with FP32" in line]
+    assert logged == ["gate note: output 'aux' not compared with FP32 (no figure reads it): this verdict does not "
+                      "cover it, a variant changing it passes; list the outputs to judge in model.outputs"]  # fmt: skip
     notes, report = _reference_notes(tmp_path)
     left_out = [note for note in notes if "not compared with FP32" in note]
     assert left_out == ["output aux (float32, [None, 1]) not compared with FP32: every figure and the gate judge "
                         "'logits' alone, so a variant changing it passes unremarked; expected the outputs to judge "
-                        "listed in model.outputs (task structured with a metric of your own reads any of them)"]  # fmt: skip
+                        "listed in model.outputs (task structured with a metric of your own reads any of "
+                        "them)"]  # fmt: skip
     assert left_out[0] in report
 
 
-def test_no_note_where_every_output_is_evaluated(tmp_path):
+def test_no_note_where_every_output_is_evaluated(tmp_path, capsys):
     from qbench.cli.app import main
 
-    assert main(["sweep", str(_two_head_project(tmp_path, {"outputs": ["logits", "aux"]})), "--no-track"]) == EXIT_PASS
+    recipe = _two_head_project(tmp_path, {"outputs": ["logits", "aux"]})
+    assert main(["sweep", str(recipe), "--no-track"]) == EXIT_PASS
     notes, report = _reference_notes(tmp_path)
     assert not [note for note in notes if "not compared with FP32" in note] and "not compared with FP32" not in report
+    capsys.readouterr()
+    assert main(["gate", str(recipe)]) == EXIT_PASS
+    assert "not compared with FP32" not in capsys.readouterr().out

@@ -69,8 +69,10 @@ def test_string_labels_become_their_position_in_the_outputs_class_table() -> Non
     outputs = run_outputs(_StringLabels(), {"x": np.arange(5, dtype=np.float32)}, 2, {"label": 0},
                           tables={"label": ("yes", "no")})  # fmt: skip
     assert outputs["label"].dtype == np.int64 and outputs["label"].tolist() == [1, 1, 1, 0, 0]
-    with pytest.raises(QbenchError, match=r"output 'label' gave 'maybe', none of the classes its graph states \(yes, no\)"):
-        run_outputs(_StringLabels(), {"x": np.arange(7, dtype=np.float32)}, 4, {"label": 0}, tables={"label": ("yes", "no")})
+    with pytest.raises(QbenchError,
+                       match=r"output 'label' gave 'maybe', none of the classes its graph states \(yes, no\)"):
+        run_outputs(_StringLabels(), {"x": np.arange(7, dtype=np.float32)}, 4, {"label": 0},
+                    tables={"label": ("yes", "no")})  # fmt: skip
 
 
 class _FixedBatch(_Runner):

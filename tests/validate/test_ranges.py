@@ -374,13 +374,15 @@ def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as
     from qbench.results.schema import RangeAnalysis
     from qbench.track.content import sweep_metrics
 
-    params = {"fp16_range": {"tensors": {"x": 1e7}, "harmless": {"mask": {"max_abs": 3.4e38, "output_change_fp16_spacings": 0.0}}}}
+    params = {"fp16_range": {"tensors": {"x": 1e7},
+                             "harmless": {"mask": {"max_abs": 3.4e38, "output_change_fp16_spacings": 0.0}}}}
     handled = fp16_handled([("half", params)])
     assert handled == {"x": "half keeps it in FP32", "mask": "half clamps or overflows it harmlessly"}
     assert fp16_handled([("half", params), ("half2", {"fp16_range": {"tensors": {"x": 1e7}}})]) == {
         "x": "half keeps it in FP32; half2 keeps it in FP32"}  # fmt: skip  # mask: half2 overflows it unchecked
     assert fp16_handled([("old", {})]) == {}  # a build without the record: nothing is known to be handled
-    abs_max = {"overall": {"x": 1e7, "mask": 3.4e38, "logits": 1e5}, "kind=hot": {"x": 1e7, "mask": 3.4e38, "logits": 1e5},
+    abs_max = {"overall": {"x": 1e7, "mask": 3.4e38, "logits": 1e5},
+               "kind=hot": {"x": 1e7, "mask": 3.4e38, "logits": 1e5},
                "kind=cold": {"x": 1.0, "mask": 3.4e38, "logits": 1.0}}  # fmt: skip
     nodes = {"x": GRAPH_INPUT, "mask": "mask_add", "logits": "fc"}
     checks = limit_checks(abs_max, nodes, [], handled)
@@ -414,7 +416,8 @@ def test_tensors_computed_from_a_constant_the_bf16_variant_saturates_are_not_rep
     from qbench.variants.fp16 import build_bf16
 
     nodes = [
-        helper.make_node("Constant", [], ["fill"], value=numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32))),
+        helper.make_node("Constant", [], ["fill"],
+                         value=numpy_helper.from_array(np.array(np.finfo(np.float32).min, np.float32))),
         helper.make_node("Mul", ["mask", "fill"], ["bias"], name="mask_fill"),
         helper.make_node("Add", ["x", "bias"], ["scores"], name="mask_add"),
         helper.make_node("Softmax", ["scores"], ["probs"], axis=-1, name="softmax"),
@@ -432,7 +435,8 @@ def test_tensors_computed_from_a_constant_the_bf16_variant_saturates_are_not_rep
     onnx.save(model, str(path))
     feeds = {"x": np.array([[1.0, 1.13, 0.5, 0.2], [0.3, 0.1, 0.2, 0.4]], np.float32),
              "mask": np.array([[0, 0, 1, 1], [0, 1, 1, 1]], np.float32)}  # fmt: skip
-    built = build_bf16(VariantSpec(name="brain", precision="bf16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    built = build_bf16(VariantSpec(name="brain", precision="bf16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w"))  # fmt: skip
     saturated = bf16_saturated([("brain", built.params)])
     assert saturated == {"fill": float(np.abs(np.finfo(np.float32).min))}
     assert bf16_saturated([("brain", built.params), ("old", {})]) == {}  # a build without the record: nothing known

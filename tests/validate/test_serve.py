@@ -69,7 +69,8 @@ def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meet
     assert 0.9 * 1000 <= found.max_rate_rps <= 1000
     assert found.at_max.p99_ms <= 10.0 and found.runs > 1
     assert served_max_rate(server, 800.0, budget_ms=10.0).max_rate_rps == 800.0  # the simulation's own answer held
-    never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0, budget_ms=10.0)
+    never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0,
+                            budget_ms=10.0)  # fmt: skip
     assert never.max_rate_rps is None and never.at_max is None and never.runs <= MAX_RUNS
 
 

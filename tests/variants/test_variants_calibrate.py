@@ -118,7 +118,8 @@ def test_a_calibrator_registered_after_import_calibrates_by_its_onnxruntime_meth
     assert _amax(path, batches, "p99", tmp_path / "p", **tail) == _amax(path, batches, "percentile", tmp_path / "q", **tail)
     assert _amax(path, batches, "p99", tmp_path / "p", **tail) < _amax(path, batches, "absmax", tmp_path / "a")
     settings = CalibrationSettings(method="p99", percentile=99.0, num_bins=512)
-    assert settings.params() == {"calibrator": "p99", "calibration_symmetric": False, "num_bins": 512, "percentile": 99.0}
+    assert settings.params() == {"calibrator": "p99", "calibration_symmetric": False, "num_bins": 512,
+                                 "percentile": 99.0}  # fmt: skip
 
 
 # -- pre-processing: symbolic shape inference only where ONNX's own leaves a tensor untyped -------------------------
@@ -170,7 +171,8 @@ def test_untyped_tensors_contrib_ops_and_subgraphs_keep_the_symbolic_pass(graph,
     assert typed_by_onnx_inference(reshaped) is None
     fused = helper.make_model(helper.make_graph([helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft")],
                                                 "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])  # fmt: skip
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("com.microsoft", 1)])  # fmt: skip
     assert typed_by_onnx_inference(fused) is None
     branch = helper.make_graph([helper.make_node("Identity", ["x"], ["z"])], "b", [],
                                [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
@@ -210,7 +212,8 @@ def test_pre_processing_keeps_the_branch_a_constant_if_does_not_take(tmp_path, m
          helper.make_node("If", ["cond"], ["y"], then_branch=taken, else_branch=other)],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
-        [numpy_helper.from_array(np.array(True), "cond"), numpy_helper.from_array(np.zeros((64, 32), np.float32), "zero")],
+        [numpy_helper.from_array(np.array(True), "cond"),
+         numpy_helper.from_array(np.zeros((64, 32), np.float32), "zero")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     if big:  # over protobuf's limit: the main graph's weights are written beside the model, and stay readable
@@ -273,7 +276,8 @@ def test_a_tensor_holding_a_masks_fill_is_left_float_by_minmax(graph, tmp_path, 
     assert {"mask_bias", "scores"} <= set(calibrated.skipped) and "scores" not in calibrated.ranges
     assert "x" in calibrated.ranges and "weights" in calibrated.ranges
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert any("not calibrated" in note and "scores" in note for note in built.notes)
     import onnxruntime as ort
 
@@ -308,7 +312,8 @@ def test_a_tensor_zero_on_every_calibration_row_is_left_float(graph, tmp_path, p
     assert "z" not in calibrated.ranges and "0 on every calibration row" in calibrated.skipped["z"]
     assert "x" in calibrated.ranges
     built = build_variant(VariantSpec(name="v", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert any("0 on every calibration row" in note for note in built.notes)
     held_out = {"x": rng.normal(size=(64, 8)).astype(np.float32), "z": rng.normal(size=(64, 8)).astype(np.float32)}
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["b"], held_out)[0]
@@ -389,7 +394,8 @@ def test_calibrating_a_model_over_protobufs_limit_writes_the_augmented_copy_with
 
     rng = np.random.default_rng(0)
     weights = {"w1": rng.normal(size=(32, 64)).astype(np.float32), "w2": rng.normal(size=(64, 4)).astype(np.float32)}
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"], name="relu"),
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]  # fmt: skip
     source = save_graph(tmp_path / "mlp.onnx", nodes, weights, {"x": 32}, {"y": 4})
     onnx.save_model(onnx.load(str(source)), str(source), save_as_external_data=True, location="mlp.onnx.data")
@@ -421,7 +427,8 @@ def test_the_note_on_nodes_left_float_around_unranged_tensors_counts_the_ones_it
     path = graph(tmp_path / "zero7.onnx", nodes, weights, {"x": 8, "z": 8}, {"a": 3, "b": 3})
     calibration = [{"x": rng.normal(size=(16, 8)).astype(np.float32), "z": np.zeros((16, 8), np.float32)}] * 3
     built = build_variant(VariantSpec(name="v", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     (note,) = [note for note in built.notes if "around tensors without a range" in note]
     # the 7 MatMuls reading z and the Sum of their outputs, 0 on every calibration row too
     assert note.startswith("8 node(s) left in FP32")

@@ -75,13 +75,15 @@ def test_a_split_output_read_alone_is_folded_with_the_split_computing_the_others
     x = rng.normal(size=(2, 4)).astype(np.float32)
     before = _run(model, {"x": x})
     assert fold_constant_inputs(model, [(model.graph.node[1], 1)]) == ["wa"]
-    np.testing.assert_array_equal({t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["wa"], fused[:, :3])
+    np.testing.assert_array_equal({t.name: numpy_helper.to_array(t) for t in model.graph.initializer}["wa"],
+                                  fused[:, :3])  # fmt: skip
     assert [n.op_type for n in model.graph.node] == ["Split", "MatMul", "MatMul"]  # wb is still read
     for got, want in zip(_run(model, {"x": x}), before, strict=True):
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize(("stored", "folded"), [(np.int8, False), (np.uint8, False), (np.int16, True), (np.int32, True)])
+@pytest.mark.parametrize(("stored", "folded"),
+                         [(np.int8, False), (np.uint8, False), (np.int16, True), (np.int32, True)])  # fmt: skip
 def test_a_dequantized_stored_weight_is_folded_only_when_wider_than_8_bits(stored, folded: bool):
     """A DequantizeLinear of an int8 weight is the model's own quantized weight (weight-only quantization): folding
     it would widen it to float32 and let the variant quantize it a second time. One of an int16 weight (a reference

@@ -51,14 +51,16 @@ def _rows(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 def test_ort_cpu_hides_fp16_overflow_in_the_fp16_graph(graph, tmp_path):
     """Why FP16 is emulated on CPU. If this fails, ORT CPU now overflows like FP16 hardware."""
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(_overflow_model(graph, tmp_path), tmp_path))  # fmt: skip
     x, big = _rows(np.random.default_rng(0))
     output = _plain(built.onnx_path, {"x": x})
     assert np.all(np.isfinite(output)) and output[big, 1].min() > 900
 
 
 def test_fp16_emulation_overflows_exactly_on_the_rows_beyond_65504(graph, tmp_path):
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(_overflow_model(graph, tmp_path), tmp_path))  # fmt: skip
     plan = plan_measurement(OnnxRuntimeCPU(), built)
     assert plan.timed is built and plan.separate
     assert plan.scored.onnx_path == tmp_path / "half.emulated.onnx"
@@ -85,7 +87,8 @@ def test_fp16_emulation_underflows_to_zero_and_keeps_subnormals(graph, tmp_path)
 
 
 def test_fp16_emulation_keeps_graph_types_and_refuses_subgraphs(graph, tmp_path):
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(_overflow_model(graph, tmp_path), tmp_path))  # fmt: skip
     emulated, rounded = emulate_float16(onnx.load(str(built.onnx_path)))
     assert {t.data_type for t in emulated.graph.initializer} == {TensorProto.FLOAT}
     assert [o.type.tensor_type.elem_type for o in emulated.graph.output] == [TensorProto.FLOAT]
@@ -94,7 +97,8 @@ def test_fp16_emulation_keeps_graph_types_and_refuses_subgraphs(graph, tmp_path)
                                [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1])])  # fmt: skip
     looped = helper.make_graph(
         [helper.make_node("If", ["c"], ["z"], then_branch=branch, else_branch=branch)], "g",
-        [helper.make_tensor_value_info("c", TensorProto.BOOL, []), helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1])],
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1])],
         [helper.make_tensor_value_info("z", TensorProto.FLOAT16, [1])],
     )  # fmt: skip
     with pytest.raises(QbenchError, match="control-flow"):
@@ -138,7 +142,8 @@ def test_fp8_saturates_at_448_times_the_scale_under_default_options(graph, tmp_p
 def test_fp32_and_int8_are_native_on_cpu(graph, tmp_path):
     from qbench.variants.fp32 import build_fp32
 
-    built = build_fp32(VariantSpec(name="fp32", precision="fp32"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+    built = build_fp32(VariantSpec(name="fp32", precision="fp32"),
+                       BuildContext(_overflow_model(graph, tmp_path), tmp_path))  # fmt: skip
     plan = plan_measurement(OnnxRuntimeCPU(), built)
     assert plan.scored is built and not plan.separate
     assert (plan.fidelity.accuracy, plan.fidelity.latency, plan.fidelity.method) == (NATIVE, NATIVE, "")
@@ -207,7 +212,8 @@ def test_an_fp16_emulation_on_a_full_disk_is_one_line_naming_it_and_leaves_no_tr
     """The emulation is saved beside the variant, in the run folder: a disk filling up there failed the measurement
     with `OSError: [Errno 28] No space left on device (at __init__.py:179)` and left half a `.emulated.onnx`. Its
     cause is kept, so the failed job counts as the machine's fault, which `--resume` measures again."""
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(_overflow_model(graph, tmp_path), tmp_path))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(_overflow_model(graph, tmp_path), tmp_path))  # fmt: skip
 
     def fill_up(model: onnx.ModelProto, file: BinaryIO) -> None:
         file.write(model.SerializeToString()[:100])

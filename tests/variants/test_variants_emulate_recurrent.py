@@ -41,7 +41,8 @@ def _recurrent_model(kind: str, direction: str = "forward", layout: int = 0, ini
             inputs.append("c0")
     outputs = ["Y", "Y_h", "Y_c"][: 3 if kind == "LSTM" else 2]
     layout_attribute = {"layout": layout} if opset >= 14 else {}  # the attribute came with opset 14
-    node = helper.make_node(kind, inputs, outputs, name="rnn", hidden_size=HIDDEN, direction=direction, **layout_attribute)
+    node = helper.make_node(kind, inputs, outputs, name="rnn", hidden_size=HIDDEN, direction=direction,
+                            **layout_attribute)  # fmt: skip
     x_shape = [BATCH, STEPS, INPUT] if layout else [STEPS, BATCH, INPUT]
     graph = helper.make_graph(
         [node], "recurrent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],

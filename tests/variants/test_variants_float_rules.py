@@ -193,7 +193,8 @@ def test_masks_follow_an_additive_fill_to_its_softmax_but_not_a_product_or_a_fus
         helper.make_node("ReduceSum", ["kept", "axes"], ["pooled"], name="pool", keepdims=0),
         helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify"),
     ]
-    constants += [numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array([2], np.int64), "axes")]
+    constants += [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+                  numpy_helper.from_array(np.array([2], np.int64), "axes")]  # fmt: skip
     graph = helper.make_graph(nodes, "masks", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", SEQ]),
                                                helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", SEQ])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2]),

@@ -74,7 +74,8 @@ def test_fp16_keeps_the_readers_of_a_constant_nodes_value_beyond_its_range_fp32(
     fill = helper.make_node("Constant", [], ["big"], value=numpy_helper.from_array(np.array(1.5e5, dtype=np.float32)))
     nodes = [fill, helper.make_node("Mul", ["x", "big"], ["y"])]
     path = graph(tmp_path / "const.onnx", nodes, {}, {"x": 2}, {"y": 2})
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w"))  # fmt: skip
     assert "unchanged" in built.params and built.params["fp16_range"]["tensors"] == {"big": 1.5e5}
     assert any("big (max |x| 1.5e+05)" in note for note in built.notes)
 
@@ -306,7 +307,8 @@ def test_fp16_of_a_reference_whose_nodes_carry_the_converters_own_names_is_valid
              helper.make_node("MatMul", ["x32", "w"], ["h"], name="mm"),
              helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="graph_output_cast0")]  # fmt: skip
     path = graph(tmp_path / "named.onnx", nodes, weights, {"x": 4}, {"y": 3})
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w"))  # fmt: skip
     onnx.checker.check_model(settle_built_model(built.onnx_path, path), full_check=True)  # as a sweep settles it
     x = rng.normal(size=(5, 4)).astype(np.float32)
     np.testing.assert_allclose(run(built, {"x": x}), x @ weights["w"], rtol=1e-2, atol=1e-2)

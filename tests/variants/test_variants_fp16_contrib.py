@@ -54,7 +54,8 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
             return self.bert(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
 
     names = ["input_ids", "attention_mask", "token_type_ids"]
-    sample = (torch.randint(0, 100, (2, SEQ)), torch.ones(2, SEQ, dtype=torch.int64), torch.zeros(2, SEQ, dtype=torch.int64))
+    sample = (torch.randint(0, 100, (2, SEQ)), torch.ones(2, SEQ, dtype=torch.int64),
+              torch.zeros(2, SEQ, dtype=torch.int64))  # fmt: skip
     torch.onnx.export(Hidden(), sample, str(folder / "plain.onnx"), input_names=names, output_names=["hidden"],
                       dynamic_axes={n: {0: "batch", 1: "seq"} for n in [*names, "hidden"]}, opset_version=17,
                       dynamo=False)  # fmt: skip
@@ -141,8 +142,10 @@ def test_a_contrib_operator_whose_schema_takes_no_float16_stays_fp32(tmp_path):
              helper.make_node("CDist", ["h", "centers"], ["d"], name="cdist", domain="com.microsoft")]  # fmt: skip
     graph = helper.make_graph(nodes, "cdist", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("d", TensorProto.FLOAT, ["N", 3])],
-                              [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(centers, "centers")])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+                              [numpy_helper.from_array(weight, "w"),
+                               numpy_helper.from_array(centers, "centers")])  # fmt: skip
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, str(tmp_path / "cdist.onnx"))
     context = BuildContext(reference_path=tmp_path / "cdist.onnx", workdir=tmp_path / "w", calibration=[{"x": x}])
     built = build_fp16(VariantSpec(name="fp16", precision="fp16"), context)
@@ -171,7 +174,8 @@ def test_an_onnx_runtime_that_lists_no_schemas_leaves_its_contrib_operators_fp32
     graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
                               [numpy_helper.from_array(weight, "w")])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, str(tmp_path / "gelu.onnx"))
     context = BuildContext(reference_path=tmp_path / "gelu.onnx", workdir=tmp_path / "w", calibration=[{"x": x}])
     built = build_fp16(VariantSpec(name="fp16", precision="fp16"), context)
@@ -200,7 +204,8 @@ def test_a_contrib_operator_without_float_values_is_not_called_rounded(tmp_path,
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3]),
                                helper.make_tensor_value_info("tokens", TensorProto.STRING, None)],
                               [numpy_helper.from_array(weight, "w")])  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     onnx.save(model, str(tmp_path / "strings.onnx"))
     feeds = {"x": x, "text": text}
     context = BuildContext(reference_path=tmp_path / "strings.onnx", workdir=tmp_path / "w", calibration=[feeds])

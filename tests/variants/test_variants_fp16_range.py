@@ -181,7 +181,8 @@ def _attention_block(path, extra_nodes=(), extra_weights=None, output="y"):
         helper.make_node("Mul", ["scores", "scale"], ["scaled"], name="scale"),
         helper.make_node("Unsqueeze", ["mask", "axis1"], ["mask3"], name="unsqueeze"),
         helper.make_node("Sub", ["one", "mask3"], ["padding"], name="invert"),
-        helper.make_node("Constant", [], ["fill"], name="fill", value=numpy_helper.from_array(np.array(FLOAT32_MIN, np.float32))),
+        helper.make_node("Constant", [], ["fill"], name="fill",
+                         value=numpy_helper.from_array(np.array(FLOAT32_MIN, np.float32))),
         helper.make_node("Mul", ["padding", "fill"], ["bias"], name="mask_bias"),
         helper.make_node("Add", ["scaled", "bias"], ["masked"], name="mask_add"),
         helper.make_node("Softmax", ["masked"], ["probs"], name="softmax", axis=-1),
@@ -190,7 +191,8 @@ def _attention_block(path, extra_nodes=(), extra_weights=None, output="y"):
         *extra_nodes,
     ]  # fmt: skip
     weights = {name: RNG.normal(size=(d, d)).astype(np.float32) for name in ("wq", "wk", "wv", "wo")}
-    weights |= {"scale": np.array(d**-0.5, np.float32), "axis1": np.array([1], np.int64), "one": np.array(1, np.float32),
+    weights |= {"scale": np.array(d**-0.5, np.float32), "axis1": np.array([1], np.int64),
+                "one": np.array(1, np.float32),
                 **(extra_weights or {})}  # fmt: skip
     graph_ = helper.make_graph(
         nodes, "attention",

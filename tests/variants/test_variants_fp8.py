@@ -236,11 +236,13 @@ def test_fp8_graph_computes_what_fp8_hardware_computes(graph, tmp_path):
     calibration = np.random.default_rng(9).uniform(-27, 27, size=(32, 8)).astype(np.float32)
     calibration[0, 0] = 28.0
     built = build_fp8(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"),
-                      BuildContext(reference_path=path, workdir=tmp_path, calibration=[{"x": calibration}]))  # fmt: skip
+                      BuildContext(reference_path=path, workdir=tmp_path,
+                                   calibration=[{"x": calibration}]))  # fmt: skip
     stored = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(built.onnx_path)).graph.initializer}
     assert (stored["x_fp8_scale"], stored["w1_fp8_scale"]) == (x_scale, np.float32(1 / 32))
     midpoints = ((grid[:-1] + grid[1:]) / 2)[(grid[:-1] >= 2**-6) & (grid[1:] <= FP8_MAX)]  # normal codes, ascending
-    subnormal = np.concatenate([np.linspace(-2e-2, 2e-2, 28), (grid[:-1] + grid[1:])[(grid[:-1] >= 0) & (grid[1:] <= 2**-6)] / 2])
+    subnormal = np.concatenate([np.linspace(-2e-2, 2e-2, 28),
+                                (grid[:-1] + grid[1:])[(grid[:-1] >= 0) & (grid[1:] <= 2**-6)] / 2])  # fmt: skip
     rows = [
         np.resize(midpoints, (len(midpoints) // 8, 8)) * x_scale,  # each row 8 neighbouring ties
         np.resize(subnormal, (5, 8)).astype(np.float32) * x_scale,  # E4M3 subnormals (below 2^-6) and their ties

@@ -74,7 +74,8 @@ def contrib_model(path: Path) -> Path:
     nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h"], name="matmul_in"),
              helper.make_node("Gelu", ["h"], ["g"], name="gelu", domain="com.microsoft"),
              helper.make_node("MatMul", ["g", "w_then"], ["y"], name="matmul_out")]  # fmt: skip
-    graph = helper.make_graph(nodes, "contrib", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    graph = helper.make_graph(nodes, "contrib",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
                               [numpy_helper.from_array(WEIGHTS[k], k) for k in ("w_in", "w_then")])  # fmt: skip
     return _save(graph, path, ("com.microsoft", 1))
@@ -86,11 +87,13 @@ def _run(path: Path, x: np.ndarray = X) -> np.ndarray:
 
 def _build(path: Path, workdir: Path, **variant) -> object:
     calibration = [{"x": X[i : i + 32]} for i in range(0, len(X), 32)]
-    return build_variant(VariantSpec(**variant), BuildContext(reference_path=path, workdir=workdir, calibration=calibration))
+    return build_variant(VariantSpec(**variant),
+                         BuildContext(reference_path=path, workdir=workdir, calibration=calibration))  # fmt: skip
 
 
 def test_outer_scope_reads_are_what_a_subgraph_reads_from_outside():
-    branch = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "w_then"), else_branch=_branch("else", "w_else"))
+    branch = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "w_then"),
+                              else_branch=_branch("else", "w_else"))  # fmt: skip
     assert sorted(outer_scope_reads(branch)) == ["h", "w_else", "w_then"]
     assert outer_scope_reads(helper.make_node("Relu", ["h"], ["r"])) == []
     inside = helper.make_node("If", ["c"], ["y"], then_branch=_branch("then", "w_then", own_activation=True),
@@ -216,7 +219,8 @@ def sequence_model(path: Path) -> Path:
                helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", CLASSES]),
                helper.make_tensor_value_info("second", TensorProto.FLOAT, ["N", CLASSES])]  # fmt: skip
     weights = [numpy_helper.from_array(WEIGHTS[k], k) for k in ("w_in", "w_then")]
-    graph = helper.make_graph(nodes, "sequence", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    graph = helper.make_graph(nodes, "sequence",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               outputs, [*weights, numpy_helper.from_array(np.array(1, np.int64), "one")])  # fmt: skip
     return _save(graph, path)
 
@@ -259,7 +263,8 @@ def function_model(path: Path) -> Path:
              helper.make_node("Block", ["h", "w_mid"], ["h2"], name="/b2/Block", domain="local"),
              helper.make_node("MatMul", ["h2", "w_then"], ["y"], name="/head/MatMul")]  # fmt: skip
     weights = {**WEIGHTS, "w_mid": RNG.normal(size=(HIDDEN, HIDDEN)).astype(np.float32) * 0.3}
-    graph = helper.make_graph(nodes, "functions", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    graph = helper.make_graph(nodes, "functions",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
                               [numpy_helper.from_array(weights[k], k) for k in ("w_in", "w_mid", "w_then")])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
@@ -311,8 +316,10 @@ def test_bf16_says_what_a_fused_contrib_operator_leaves_unrounded_inside(tmp_pat
     rng = np.random.default_rng(6)
     weights = {"qkv": rng.normal(0, 0.5, (FEATURES, 3 * FEATURES)).astype(np.float32),
                "bias": rng.normal(0, 0.1, (3 * FEATURES,)).astype(np.float32)}  # fmt: skip
-    node = helper.make_node("Attention", ["x", "qkv", "bias"], ["y"], name="attention", domain="com.microsoft", num_heads=2)
-    graph = helper.make_graph([node], "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, FEATURES])],
+    node = helper.make_node("Attention", ["x", "qkv", "bias"], ["y"], name="attention", domain="com.microsoft",
+                            num_heads=2)  # fmt: skip
+    graph = helper.make_graph([node], "attention",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3, FEATURES])],
                               [numpy_helper.from_array(v, k) for k, v in weights.items()])  # fmt: skip
     path = _save(graph, tmp_path / "attention.onnx", ("com.microsoft", 1))
@@ -338,7 +345,8 @@ def control_flow_model(path: Path, kind: str) -> Path:
                  helper.make_node("Greater", ["peak", "zero"], ["c"], name="positive")]  # fmt: skip
     weights = {**WEIGHTS, "w_sq": RNG.normal(size=(FEATURES, FEATURES)).astype(np.float32) * 0.3}
     if kind == "If":
-        flow = helper.make_node("If", ["c"], ["y"], name="flow", then_branch=_branch("then", "w_then", own_activation=True),
+        flow = helper.make_node("If", ["c"], ["y"], name="flow",
+                                then_branch=_branch("then", "w_then", own_activation=True),
                                 else_branch=_branch("else", "w_else", own_activation=True))  # fmt: skip
         width = CLASSES
     else:
@@ -353,7 +361,8 @@ def control_flow_model(path: Path, kind: str) -> Path:
              helper.make_tensor_value_info("h_out", TensorProto.FLOAT, None)])  # fmt: skip
         flow = helper.make_node("Loop", ["trips", "c", "x"], ["y"], name="flow", body=body)
         width = FEATURES
-    graph = helper.make_graph([*condition, flow], kind, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    graph = helper.make_graph([*condition, flow], kind,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
                               [*(numpy_helper.from_array(v, k) for k, v in weights.items()),
                                numpy_helper.from_array(np.array(0, np.float32), "zero"),
@@ -418,8 +427,10 @@ def test_int8_quantizing_nothing_beside_a_branch_on_the_batch_size_names_the_lay
                  helper.make_node("If", ["many"], ["y"], name="branch",
                                   then_branch=_branch("then", "w_then", own_activation=True),
                                   else_branch=_branch("else", "w_else", own_activation=True))]  # fmt: skip
-    constants = [numpy_helper.from_array(np.array(0, np.int64), "first"), numpy_helper.from_array(np.array(1, np.int64), "one")]
-    graph = helper.make_graph(condition, "shape_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    constants = [numpy_helper.from_array(np.array(0, np.int64), "first"),
+                 numpy_helper.from_array(np.array(1, np.int64), "one")]  # fmt: skip
+    graph = helper.make_graph(condition, "shape_if",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
                               [*(numpy_helper.from_array(v, k) for k, v in WEIGHTS.items()), *constants])  # fmt: skip
     path = _save(graph, tmp_path / "shape_if.onnx")

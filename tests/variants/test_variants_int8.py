@@ -222,9 +222,11 @@ def _gemm_model(path, bias_shape, *, alpha=1.0, beta=1.0, trans_b=0):
     weight = rng.normal(size=(16, 8) if trans_b else (8, 16)).astype(np.float32)
     bias = rng.normal(size=bias_shape).astype(np.float32)
     node = onnx.helper.make_node("Gemm", ["x", "w", "c"], ["y"], name="fc", alpha=alpha, beta=beta, transB=trans_b)
-    graph = onnx.helper.make_graph([node], "gemm", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [ROWS, 8])],
+    graph = onnx.helper.make_graph([node], "gemm",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [ROWS, 8])],
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [ROWS, 16])],
-                                   [onnx.numpy_helper.from_array(weight, "w"), onnx.numpy_helper.from_array(bias, "c")])  # fmt: skip
+                                   [onnx.numpy_helper.from_array(weight, "w"),
+                                    onnx.numpy_helper.from_array(bias, "c")])  # fmt: skip
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -261,7 +263,8 @@ def _attention_model(path):
     rng = np.random.default_rng(5)
     weights = {name: rng.normal(scale=0.5, size=(8, 16)).astype(np.float32) for name in ("wq", "wk", "wv")}
     nodes = [onnx.helper.make_node("MatMul", ["x", f"w{name}"], [name], name=f"proj_{name}") for name in "qkv"]
-    nodes.append(onnx.helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention", q_num_heads=2, kv_num_heads=2))
+    nodes.append(onnx.helper.make_node("Attention", ["q", "k", "v"], ["y"], name="attention", q_num_heads=2,
+                                       kv_num_heads=2))  # fmt: skip
     float_value = onnx.helper.make_tensor_value_info
     graph = onnx.helper.make_graph(nodes, "attention", [float_value("x", onnx.TensorProto.FLOAT, ["batch", 6, 8])],
                                    [float_value("y", onnx.TensorProto.FLOAT, ["batch", 6, 16])],
@@ -311,7 +314,8 @@ def test_static_int8_quantizes_what_reads_a_contrib_operators_output(tmp_path):
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
     calibration = [{"x": rng.normal(size=(16, 8)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.params["quantized_op_types"] == {"Gemm": 1}
     x = calibration[0]  # rows within the calibrated ranges: no output saturates
     expected = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, x)[0]
@@ -344,7 +348,8 @@ def test_a_contrib_node_sharing_a_weight_with_a_quantized_node_computes_in_float
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
     calibration = [{name: rng.normal(size=(16, 8)).astype(np.float32) for name in ("x", "u")} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision="int8", calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert sum(built.params["quantized_op_types"].values()) == 2  # both standard MatMuls were quantized
     assert _dequantized_inputs(onnx.load(str(built.onnx_path)), "fused") == []
     feeds = {name: rng.normal(size=(32, 8)).astype(np.float32) for name in ("x", "u")}
@@ -359,7 +364,8 @@ def _fused_attention_model(path, rng, *, extra_inputs=()):
     are (position, name, value) constants fed to the Attention's optional inputs."""
     from onnx import TensorProto, helper, numpy_helper
 
-    weights = {"qkv": rng.normal(0, 0.5, (8, 24)), "qkv_bias": rng.normal(0, 0.1, (24,)), "head": rng.normal(0, 1, (8, 2))}
+    weights = {"qkv": rng.normal(0, 0.5, (8, 24)), "qkv_bias": rng.normal(0, 0.1, (24,)),
+               "head": rng.normal(0, 1, (8, 2))}  # fmt: skip
     inputs = ["x", "qkv", "qkv_bias"]
     for position, name, value in extra_inputs:
         inputs += [""] * (position - len(inputs)) + [name]

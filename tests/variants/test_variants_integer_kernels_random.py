@@ -43,7 +43,8 @@ def _random_layer(seed: int) -> onnx.ModelProto:
     }  # fmt: skip
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
              helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
-             helper.make_node("DequantizeLinear", ["w_i8", "ws", "wz"], ["w"], **({"axis": axis} if per_channel else {}))]  # fmt: skip
+             helper.make_node("DequantizeLinear", ["w_i8", "ws", "wz"], ["w"],
+                              **({"axis": axis} if per_channel else {}))]  # fmt: skip
     bias = rng.choice(["none", "float", "dequantized"])
     bias_tensor = "b"
     if bias == "dequantized":

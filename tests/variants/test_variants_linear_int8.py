@@ -155,7 +155,8 @@ def test_weights_behind_constant_ops_are_linear_weights(options, exporter_weight
                                                          calibration=calibration)) for path in (exported, folded)}  # fmt: skip
     feeds = {"x": np.concatenate([batch["x"] for batch in calibration])}
     want = run_variant(built["folded"], feeds)
-    np.testing.assert_allclose(run_variant(built["exported"], feeds), want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+    np.testing.assert_allclose(run_variant(built["exported"], feeds), want, rtol=0,
+                               atol=1e-6 * float(np.abs(want).max()))  # fmt: skip
     params = built["exported"].params
     assert params["folded_weights"] == ["w1", "w2", "w3"] and params["quantized_linears"] == 3
     assert params["float_matmuls"] == 0 and params["float_constant_weight_matmuls"] == []
@@ -189,7 +190,8 @@ def test_a_torch_linear_weight_used_transposed_is_quantized(tmp_path: Path) -> N
     assert built[False].params["quantized_linears"] == built[True].params["quantized_linears"] == 2
     assert len(built[False].params["folded_weights"]) == 2
     want = run_variant(built[True], calibration[0])
-    np.testing.assert_allclose(run_variant(built[False], calibration[0]), want, rtol=0, atol=1e-6 * float(np.abs(want).max()))
+    np.testing.assert_allclose(run_variant(built[False], calibration[0]), want, rtol=0,
+                               atol=1e-6 * float(np.abs(want).max()))  # fmt: skip
 
 
 def test_a_matmul_left_float_with_a_constant_weight_is_named(tmp_path: Path) -> None:

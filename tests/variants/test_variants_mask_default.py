@@ -37,7 +37,8 @@ def _build(model: onnx.ModelProto, workdir: Path, precision: str, calibrator: st
     onnx.save(model, str(path))
     calibration = _batches(np.random.default_rng(1), 4)
     spec = VariantSpec(name="v", precision=precision, calibrator=calibrator, **options)
-    return path, build_variant(spec, BuildContext(reference_path=path, workdir=workdir / "built", calibration=calibration))
+    return path, build_variant(spec,
+                               BuildContext(reference_path=path, workdir=workdir / "built", calibration=calibration))
 
 
 def _error(reference: Path, variant: Path, feeds: list[Feeds]) -> float:
@@ -133,6 +134,7 @@ def test_a_model_without_a_mask_builds_as_before(precision, calibrator, tmp_path
     built = {}
     for name, options in (("default", {}), ("off", {"keep_float": []})):
         spec = VariantSpec(name="v", precision=precision, calibrator=calibrator, **options)
-        built[name] = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / name, calibration=calibration))
+        built[name] = build_variant(spec,
+                                    BuildContext(reference_path=path, workdir=tmp_path / name, calibration=calibration))
     assert _digest(built["default"].onnx_path) == _digest(built["off"].onnx_path)
     assert built["default"].params.keys() == built["off"].params.keys() and "keep_float" not in built["default"].params

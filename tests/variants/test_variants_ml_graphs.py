@@ -211,7 +211,8 @@ def _unnamed_mixed_precision_model(path: Path) -> Path:
              helper.make_node("Cast", ["r"], ["d"], to=TensorProto.DOUBLE),
              helper.make_node("MatMul", ["d", "w_double"], ["o"]),
              helper.make_node("Cast", ["o"], ["y"], to=TensorProto.FLOAT)]  # fmt: skip
-    graph = helper.make_graph(nodes, "unnamed", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, FEATURES])],
+    graph = helper.make_graph(nodes, "unnamed",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])], weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 9
@@ -263,7 +264,8 @@ def test_a_column_transformer_in_front_of_an_ml_predictor_is_not_quantized(data,
     _, labels = make_classification(n_samples=240, n_features=FEATURES, n_informative=4, n_classes=3, random_state=0)
     colours = np.array(["red", "green", "blue"])[np.arange(len(data)) % 3]
     table = np.concatenate([data.astype(object), colours[:, None]], axis=1)
-    columns = ColumnTransformer([("num", StandardScaler(), list(range(FEATURES))), ("cat", OneHotEncoder(), [FEATURES])])
+    columns = ColumnTransformer([("num", StandardScaler(), list(range(FEATURES))),
+                                 ("cat", OneHotEncoder(), [FEATURES])])  # fmt: skip
     predictor = MODELS["forest"]() if head == "forest" else LogisticRegression(max_iter=300)
     pipeline = make_pipeline(columns, predictor).fit(table, labels)
     onx = skl2onnx.convert_sklearn(
@@ -274,7 +276,8 @@ def test_a_column_transformer_in_front_of_an_ml_predictor_is_not_quantized(data,
     assert "Concat" in {n.op_type for n in onx.graph.node if n.name in preprocessing_nodes(onx)}
     calibration = [{"num": data[i : i + 32], "cat": colours[i : i + 32, None]} for i in range(0, 128, 32)]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert built.notes == ("nothing to quantize (every Concat, Gather, Reshape node is kept float: preprocessing in "
                            "front of every layer with weights): the variant is the FP32 model",)  # fmt: skip

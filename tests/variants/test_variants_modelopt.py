@@ -90,7 +90,8 @@ def _agreement(cnn: TrainedCnn, built: BuiltVariant) -> float:
 
 
 def _spec(precision: str, calibrator: str = "minmax", **options) -> VariantSpec:
-    return VariantSpec(name=f"{precision}-mo", precision=precision, calibrator=calibrator, quantizer="modelopt", **options)
+    return VariantSpec(name=f"{precision}-mo", precision=precision, calibrator=calibrator, quantizer="modelopt",
+                       **options)  # fmt: skip
 
 
 # -- INT8 -------------------------------------------------------------------------------------------
@@ -170,7 +171,8 @@ def test_modelopt_int8_entropy_searches_from_bin_128(cnn, tmp_path):
 
 def test_modelopt_notes_name_the_clipped_activations():
     settings = modelopt_settings(_spec("int8", "entropy").technique_config)
-    (note,) = clipping_notes(settings, {"0.input_quantizer": 0.0625, "2.input_quantizer": 0.9, "8.input_quantizer": 0.2})
+    (note,) = clipping_notes(settings,
+                             {"0.input_quantizer": 0.0625, "2.input_quantizer": 0.9, "8.input_quantizer": 0.2})
     assert note.startswith("entropy calibration kept only part of the observed range of: 0.input_quantizer (6%), ")
     assert "8.input_quantizer (20%)" in note and "2.input_quantizer" not in note
     assert clipping_notes(settings, {"0.input_quantizer": 0.3}) == []
@@ -231,7 +233,8 @@ def test_fp8_weight_folding_matches_onnx_runtime_quantize_linear():
     values = values.astype(np.float32)
     scale = np.array(0.0123, dtype=np.float32)
     graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]), helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
         "q", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [len(values)])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [len(values)])],
         initializer=[numpy_helper.from_array(scale, "s"), helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0])],
@@ -271,14 +274,16 @@ def test_modelopt_exclusion_by_export_node_or_module_name(cnn, tmp_path, name):
 
 
 def test_modelopt_exclusion_errors(cnn, tmp_path):
-    with pytest.raises(QbenchError, match=r"exclude_nodes: '/9/Conv' is neither a module .*; modules with weights: 0, 2, 5, 8$"):
+    with pytest.raises(QbenchError,
+                       match=r"exclude_nodes: '/9/Conv' is neither a module .*; modules with weights: 0, 2, 5, 8$"):
         build_modelopt(_spec("int8", exclude_nodes=["/9/Conv"]), cnn.context(tmp_path))
     with pytest.raises(QbenchError, match=r"'/1/Relu' \(module '1'\) holds no layer ModelOpt quantizes"):
         build_modelopt(_spec("int8", exclude_nodes=["/1/Relu"]), cnn.context(tmp_path))
 
 
 def test_modelopt_without_a_torch_model_is_a_clear_error(cnn, tmp_path):
-    with pytest.raises(QbenchError, match=r"variant 'int8-mo': quantizer modelopt needs the PyTorch model \(model.torch"):
+    with pytest.raises(QbenchError,
+                       match=r"variant 'int8-mo': quantizer modelopt needs the PyTorch model \(model.torch"):
         build_modelopt(_spec("int8"), cnn.context(tmp_path, torch_model=None))
     assert not (tmp_path / "int8-mo.onnx").exists()
 
@@ -287,14 +292,15 @@ def test_modelopt_without_a_torch_model_is_a_clear_error(cnn, tmp_path):
     ("precision", "calibrator", "options", "message"),
     [
         ("fp8", "entropy", {}, r"entropy calibrator works on integer formats only; for fp8 it supports minmax"),
-        ("fp8", "minmax", {"per_channel": True}, r"per_channel: ModelOpt exports FP8 to ONNX with per-tensor scales only"),
+        ("fp8", "minmax", {"per_channel": True},
+         r"per_channel: ModelOpt exports FP8 to ONNX with per-tensor scales only"),
         ("int8", "minmax", {"op_types": ["Conv"]}, r"op_types: does not apply to quantizer modelopt"),
         ("int8", "minmax", {"reduce_range": True}, r"reduce_range: does not apply to quantizer modelopt"),
         ("int8", "entropy", {"num_quantized_bins": 256}, r"num_quantized_bins: does not apply"),
         ("int8", "auto", {}, r"calibrator: quantizer modelopt supports entropy, minmax, percentile, not 'auto'"),
         ("int8", "minmax", {"keep_float": ["Softmax"]}, r"keep_float: does not apply to quantizer modelopt"),
     ],
-)
+)  # fmt: skip
 def test_modelopt_rejects_what_it_cannot_honour_when_the_recipe_loads(precision, calibrator, options, message):
     with pytest.raises(ValidationError, match=message):
         _spec(precision, calibrator, **options)

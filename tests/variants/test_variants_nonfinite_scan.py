@@ -93,7 +93,8 @@ def test_the_scan_finds_nan_and_inf_wherever_they_are_and_nothing_on_finite_rows
     assert nonfinite_tensors(model, tensors, _batches(finite), tmp_path) >= {"z", "g", "a"}
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(v[k]) for k in ("technique", "calibrator") if k in v)
+@pytest.mark.parametrize("variant", VARIANTS,
+                         ids=lambda v: "-".join(str(v[k]) for k in ("technique", "calibrator") if k in v)
                          + ("-smoothquant" if "smoothquant" in v else "") + f"-{v['precision']}")  # fmt: skip
 def test_no_variant_turns_the_missing_marker_into_a_number(missing, tmp_path, variant):
     path, feeds = missing

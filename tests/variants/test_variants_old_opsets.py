@@ -164,7 +164,8 @@ def test_int8_builds_a_cnn_upsampling_at_opset_7_to_9(tmp_path, opset, calibrato
     path = old_cnn(tmp_path / "cnn.onnx", opset)
     calibration = [{"x": X[:32]}, {"x": X[32:]}]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.params["preprocess"].startswith(f"opset {opset} raised to 11; ")
     expected, ran = _run(path, X), _run(built.onnx_path, X)
     assert np.abs(ran - expected).max() < 0.05 * np.abs(expected).max()
@@ -188,7 +189,8 @@ def test_variants_raising_the_opset_of_a_bilinear_upsample_stay_close_to_fp32(tm
     path = old_cnn(tmp_path / "cnn.onnx", 9, "linear")
     calibration = [{"x": X[:32]}, {"x": X[32:]}]
     built = build_variant(VariantSpec(name="v", **variant),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     expected, ran = _run(path, X), _run(built.onnx_path, X)
     assert np.abs(ran - expected).max() < 0.05 * np.abs(expected).max()
 
@@ -210,14 +212,16 @@ def scan_8_model(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("variant", "opset"), [({"precision": "bf16"}, 13), ({"precision": "fp8", "calibrator": "minmax"}, 21),
+@pytest.mark.parametrize(("variant", "opset"),
+                         [({"precision": "bf16"}, 13), ({"precision": "fp8", "calibrator": "minmax"}, 21),
                                                 ({"precision": "int8", "calibrator": "dynamic"}, 11)])  # fmt: skip
 def test_an_opset_upgrade_changing_the_graph_inputs_is_the_variants_one_line_error(tmp_path, variant, opset):
     """onnx's Scan 8 -> 9 adapter drops the batch axis from the graph's inputs: BF16 and dynamic INT8 were reported built
     and refused FP32's feeds when measured ('Invalid rank for input'), FP8 failed calibration with the same words."""
     path = scan_8_model(tmp_path / "scan8.onnx")
     feeds = {"s0": np.zeros((2, 8), np.float32), "x": RNG.normal(size=(2, 5, 6)).astype(np.float32)}
-    with pytest.raises(QbenchError, match=rf"raising opset 8 to {opset} \(onnx's version converter\) changed graph input "
+    with pytest.raises(QbenchError,
+                       match=rf"raising opset 8 to {opset} \(onnx's version converter\) changed graph input "
                                           r"'s0' from float32\[2, 8\] to float32\[8\]; export the model at opset"):  # fmt: skip
         build_variant(VariantSpec(name="v", **variant),
                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))  # fmt: skip
@@ -254,7 +258,8 @@ def test_onnx_runtimes_own_operators_in_the_onnx_domain_survive_an_opset_upgrade
     onnx.save(model, str(tmp_path / "m.onnx"))
     calibration = [{"x": np.random.default_rng(5).normal(size=(16, 8)).astype(np.float32)}]
     built = build_variant(VariantSpec(name="fp8", precision="fp8", calibrator="minmax"),
-                          BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.params["quantized_op_types"] == {"MatMul": 2}
     assert np.isfinite(_run(onnx.load(str(built.onnx_path)), x)).all()
 

@@ -38,7 +38,8 @@ def test_sort_nodes_orders_subgraphs_too():
 
 def test_a_build_step_failure_keeps_the_whole_message_on_one_line():
     """The onnx checker's first line ends at "of node:": the node it names was cut off."""
-    nodes = [helper.make_node("Relu", ["r"], ["y"], name="late_reader"), helper.make_node("Relu", ["x"], ["r"], name="relu")]
+    nodes = [helper.make_node("Relu", ["r"], ["y"], name="late_reader"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu")]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -55,8 +56,10 @@ def _if_model() -> onnx.ModelProto:
         return helper.make_graph([helper.make_node("MatMul", ["h", "w"], [name], name=f"/block/{name}/mm")], name, [],
                                  [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)])  # fmt: skip
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="/block/mm"),
-             helper.make_node("If", ["c"], ["y"], then_branch=branch("then"), else_branch=branch("else"), name="/block/if")]  # fmt: skip
-    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+             helper.make_node("If", ["c"], ["y"], then_branch=branch("then"), else_branch=branch("else"),
+                              name="/block/if")]  # fmt: skip
+    io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
+          helper.make_tensor_value_info("c", TensorProto.BOOL, []),
           helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
     weight = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
     return helper.make_model(helper.make_graph(nodes, "g", io[:2], io[2:], [weight]))

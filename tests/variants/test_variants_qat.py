@@ -250,7 +250,8 @@ def test_same_seed_gives_the_same_model(task: dict[str, Any], tmp_path: Path) ->
     first = build_qat(spec, _context(task, tmp_path / "a"))
     second = build_qat(spec, _context(task, tmp_path / "b"))
     assert first.params["qat.loss_per_epoch"] == second.params["qat.loss_per_epoch"]
-    np.testing.assert_array_equal(_run_onnx(first.onnx_path, task["held_out"]), _run_onnx(second.onnx_path, task["held_out"]))
+    np.testing.assert_array_equal(_run_onnx(first.onnx_path, task["held_out"]),
+                                  _run_onnx(second.onnx_path, task["held_out"]))  # fmt: skip
 
 
 def test_entropy_maps_to_the_histogram_observer_with_per_channel_weights(task: dict[str, Any], tmp_path: Path) -> None:

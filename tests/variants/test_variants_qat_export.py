@@ -35,7 +35,8 @@ def _save(path: Path, nodes: list[onnx.NodeProto], initializers: list[onnx.Tenso
 def test_a_graph_without_the_modules_quantize_ops_is_named_as_lost(tmp_path: Path) -> None:
     module = _fake_quant_module()
     float_graph = _save(tmp_path / "float.onnx", [helper.make_node("Relu", ["x"], ["y"])])
-    qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.INT8, [], [0])]
+    qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+               helper.make_tensor("z", TensorProto.INT8, [], [0])]  # fmt: skip
     qdq_graph = _save(tmp_path / "qdq.onnx", [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
                                               helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], qparams)  # fmt: skip
     lost = lost_quantization(float_graph, module)
@@ -67,7 +68,8 @@ class _FixedBatchExporter:
         return (torch.rand(batch, 4),)
 
     def export(self, module: torch.nn.Module, path: Path) -> None:
-        qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]), helper.make_tensor("z", TensorProto.INT8, [], [0]),
+        qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
+                   helper.make_tensor("z", TensorProto.INT8, [], [0]),
                    helper.make_tensor("shape", TensorProto.INT64, [2], [2, 4])]  # fmt: skip
         _save(path, [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
                      helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),

@@ -132,7 +132,8 @@ def test_an_embedding_lookup_stays_float_unless_op_types_name_it(tmp_path, calib
     assert default.params["lookups_kept_float"] == {"Gather": 1} and default.params["quantized_nodes"] >= 1
     assert any("1 Gather kept float" in note for note in default.notes)
     assert np.array_equal(kept, fp32)
-    named, rounded = rows(VariantSpec(name="named", precision="int8", calibrator=calibrator, op_types=["MatMul", "Gather"]))
+    named, rounded = rows(VariantSpec(name="named", precision="int8", calibrator=calibrator,
+                                      op_types=["MatMul", "Gather"]))  # fmt: skip
     assert "lookups_kept_float" not in named.params and not np.array_equal(rounded, fp32)
     assert table_lookups(onnx.load(str(reference)), ("MatMul",)) == {}  # only the op types asked about
 

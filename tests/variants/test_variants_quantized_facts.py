@@ -77,7 +77,8 @@ def _conv_matmul(path: Path, rng: np.random.Generator) -> Path:
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
+              str(path))  # fmt: skip
     return path
 
 
@@ -173,7 +174,8 @@ def test_a_qattention_records_its_packed_projection_as_stored(weight_type, per_c
     rng = np.random.default_rng(8)
     path = _fused_attention_model(tmp_path / "attention.onnx", rng)
     feeds = {"x": rng.normal(size=(16, 6, 8)).astype(np.float32)}
-    spec = VariantSpec(name="q", precision="int8", calibrator="dynamic", weight_type=weight_type, per_channel=per_channel)
+    spec = VariantSpec(name="q", precision="int8", calibrator="dynamic", weight_type=weight_type,
+                       per_channel=per_channel)  # fmt: skip
     built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))
     stored = _initializers(built.onnx_path)
     attention = next(node for node in onnx.load(str(built.onnx_path)).graph.node if node.op_type == "QAttention")
@@ -193,7 +195,8 @@ def test_fp8_weights_and_weights_inside_subgraphs_are_recorded(tmp_path):
 
     weight = helper.make_tensor("wq", TensorProto.FLOAT8E4M3FN, [4, 4], np.linspace(-2, 2, 16).tolist())
     body = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]), helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+         helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
          helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"]), helper.make_node("MatMul", ["xd", "w"], ["m"])],
         "then", [], [helper.make_tensor_value_info("m", TensorProto.FLOAT, ["n", 4])],
         initializer=[weight, numpy_helper.from_array(np.array(0.1, np.float32), "ws")])  # fmt: skip
@@ -229,11 +232,13 @@ def test_a_lone_constant_at_the_far_end_of_its_range_is_not_called_7_bit(tmp_pat
     rng = np.random.default_rng(0)
     constants = [numpy_helper.from_array(rng.normal(size=(3, 1)).astype(np.float32), "w"),
                  numpy_helper.from_array(np.array([-0.5], np.float32), "b")]  # fmt: skip
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Add", ["m", "b"], ["y"], name="add")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["y"], name="add")]  # fmt: skip
     graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], constants)  # fmt: skip
     path = tmp_path / "head.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
+              str(path))  # fmt: skip
     spec = VariantSpec(name="q", precision="int8", calibrator="minmax", reduce_range=False)
     calibration = [{"x": rng.normal(size=(8, 3)).astype(np.float32)}]
     built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))

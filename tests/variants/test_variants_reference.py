@@ -229,7 +229,8 @@ def test_a_built_model_that_does_not_take_the_fp32_models_inputs_fails_the_build
 
     def forgetful(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         node = helper.make_node("Relu", ["z"], ["y"], name="other_input")
-        graph = helper.make_graph([node], "forgetful", [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
+        graph = helper.make_graph([node], "forgetful",
+                                  [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])],
                                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])  # fmt: skip
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
         target = ctx.workdir / f"{spec.name}.onnx"
@@ -287,8 +288,10 @@ def _type_as_weights(path: Path) -> Path:
     """The MLP with its weight matrices stored in float16 and widened by CastLike(w, x), as PyTorch's dynamo exporter
     writes `w.type_as(x)`."""
     stored = [numpy_helper.from_array(WEIGHTS[name].astype(np.float16), f"{name}_stored") for name in ("w1", "w2")]
-    widen = [helper.make_node("CastLike", [f"{name}_stored", "x"], [name], name=f"widen_{name}") for name in ("w1", "w2")]
-    graph = helper.make_graph([*widen, *NODES], "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+    widen = [helper.make_node("CastLike", [f"{name}_stored", "x"], [name], name=f"widen_{name}")
+             for name in ("w1", "w2")]  # fmt: skip
+    graph = helper.make_graph([*widen, *NODES], "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [LOGITS], [*stored, numpy_helper.from_array(WEIGHTS["b1"], "b1")])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -301,7 +304,8 @@ def test_a_cast_like_of_a_weight_is_the_cast_it_stands_for_in_the_normal_form(tm
     path = _type_as_weights(tmp_path / "type_as.onnx")
     model = load_reference(path)
     assert {node.op_type for node in model.graph.node} == {"Cast", "MatMul", "Add", "Relu"}
-    assert [a.i for node in model.graph.node if node.op_type == "Cast" for a in node.attribute] == [TensorProto.FLOAT] * 2
+    casts = [a.i for node in model.graph.node if node.op_type == "Cast" for a in node.attribute]
+    assert casts == [TensorProto.FLOAT] * 2
     expected = _session(path).run(None, {"x": X})[0]
     np.testing.assert_array_equal(_session(model).run(None, {"x": X})[0], expected)
 

@@ -74,7 +74,8 @@ def ffn_block(rng: np.random.Generator) -> onnx.ModelProto:
 
 def attention_block(rng: np.random.Generator) -> onnx.ModelProto:
     """LayerNorm -> Q/K/V projections -> softmax(Q K^T + mask) V -> output projection (one head)."""
-    weights = {**_norm_weights(rng), **{w: rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH)) for w in ("wq", "wk", "wv", "wo")}}
+    weights = {**_norm_weights(rng),
+               **{w: rng.normal(0, WIDTH**-0.5, (WIDTH, WIDTH)) for w in ("wq", "wk", "wv", "wo")}}  # fmt: skip
     weights["wq"] *= WIDTH**-0.5  # the 1/sqrt(d) of scaled dot-product attention
     weights["mask"] = np.where(np.arange(SEQ) < SEQ - 2, 0.0, np.finfo(np.float32).min).reshape(1, 1, SEQ)
     nodes = [
@@ -255,9 +256,11 @@ def _tied_loop_block(rng: np.random.Generator) -> onnx.ModelProto:
         [helper.make_node("Mul", ["s_in", "gamma"], ["scaled"]), helper.make_node("MatMul", ["scaled", "w"], ["mm"]),
          helper.make_node("Tanh", ["mm"], ["s_out"]), helper.make_node("Identity", ["cond_in"], ["cond_out"])],
         "body",
-        [helper.make_tensor_value_info("i", TensorProto.INT64, []), helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
          helper.make_tensor_value_info("s_in", TensorProto.FLOAT, None)],
-        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []), helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("s_out", TensorProto.FLOAT, None)],
     )  # fmt: skip
     nodes = [
         helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
@@ -311,13 +314,15 @@ def test_smoothquant_recovers_what_plain_per_tensor_int8_loses(tmp_path: Path) -
     model, calibration, held_out = ffn_block(rng), _batches(rng, 4), _batches(rng, 1, rows=32)[0]
     reference = _reference(model, held_out)
     plain = sqnr_db(reference, _simulated(_plain_int8(model, calibration, tmp_path), held_out))
-    smoothed_model, _ = smoothquant_int8(_copy(model), calibration, SmoothQuantSettings(0.5, quantization=STATIC), tmp_path)
+    smoothed_model, _ = smoothquant_int8(_copy(model), calibration, SmoothQuantSettings(0.5, quantization=STATIC),
+                                         tmp_path)  # fmt: skip
     smoothed = sqnr_db(reference, _simulated(smoothed_model, held_out))
     print(f"SQNR vs FP32: plain per-tensor static INT8 {plain:.1f} dB, SmoothQuant alpha 0.5 {smoothed:.1f} dB")
     assert plain < 20.0  # the x50 channel sets the per-tensor scale: the other channels round to a few levels
     assert smoothed > plain + 10.0
 
-    auto_model, params = smoothquant_int8(_copy(model), calibration, SmoothQuantSettings("auto", quantization=STATIC), tmp_path)
+    auto_model, params = smoothquant_int8(_copy(model), calibration, SmoothQuantSettings("auto", quantization=STATIC),
+                                          tmp_path)  # fmt: skip
     auto = sqnr_db(reference, _simulated(auto_model, held_out))
     print(f"SQNR vs FP32 with alpha auto {auto:.1f} dB, alphas chosen per input {params['alphas_chosen']}")
     # auto judges alphas on held-back calibration rows; with 256 token rows it may pick a higher alpha
@@ -407,7 +412,8 @@ def test_2d_linears_with_bias_become_fused_integer_kernels(tmp_path: Path, activ
     weight = rng.normal(0, 1, (HIDDEN, WIDTH) if form == "gemm-transB" else (WIDTH, HIDDEN))
     linear = [helper.make_node("MatMul", ["r", "w"], ["m"]), helper.make_node("Add", ["m", "c"], ["y"])]
     if form != "matmul+add":
-        linear = [helper.make_node("Gemm", ["r", "w", "c"], ["y"], transB=int(form == "gemm-transB"), alpha=0.5, beta=2.0)]
+        linear = [helper.make_node("Gemm", ["r", "w", "c"], ["y"], transB=int(form == "gemm-transB"), alpha=0.5,
+                                   beta=2.0)]  # fmt: skip
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"]), *linear], "linear",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
