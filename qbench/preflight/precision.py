@@ -1,7 +1,8 @@
 """The reference must compute in FP32: every variant is built from it and judged against it.
 
 A model that is already INT8 (QOperator QLinear* nodes, MatMulInteger/ConvInteger, DynamicQuantizeLinear, or
-Quantize/DequantizeLinear on activations) or FP16/BF16 (nodes computing on such tensors, or such graph inputs and
+Quantize/DequantizeLinear on activations, not a DequantizeLinear of a graph input, which decodes the integers the
+caller feeds) or FP16/BF16 (nodes computing on such tensors, or such graph inputs and
 outputs) would be read as "FP32": variants would be "identical to FP32", some builders would write invalid graphs,
 and a gate could pass having compared the model with itself. What decides is what the graph computes in, so a
 FP32 graph storing weights in a smaller type (a bfloat16 initializer cast to float, an INT8 weight dequantized
@@ -68,8 +69,9 @@ _INTEGERS = {2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 21: "ui
 def reduced_precision(model: onnx.ModelProto) -> str | None:
     """What makes `model` compute in something other than FP32 (float64 is fine), as 'already quantized: 12
     QLinearMatMul, 3 DequantizeLinear nodes' or 'computes in float16: 8 MatMul, ...'; None for an FP32 model."""
-    types = _value_types(model)
+    types = value_types(model)
     constants = _constants(model.graph)
+    fed = {value.name for value in model.graph.input} - constants
     integer: Counter[str] = Counter()
     weight_only: Counter[str] = Counter()
     weight_types: set[str] = set()
@@ -85,8 +87,11 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
             weight_types.add(stored)
         elif _quantized_op(op):
             integer[op] += 1
-        elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants:
-            integer[op] += 1  # on activations; a DequantizeLinear of a stored weight computes nothing at run time
+        elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants \
+                and not (op == "DequantizeLinear" and node.input[0] in fed):  # fmt: skip
+            # on activations; a DequantizeLinear of a stored weight computes nothing at run time, and one of a graph
+            # input decodes the data the caller feeds (uint8 pixels to float): every variant is fed the same
+            integer[op] += 1
         elif (rounded := _rounded_activation(node, types, graph_constants)) in _LOW_BIT:
             low_bit[op] += 1  # an 8-bit float round trip on activations is their quantization, as Q/DQ on them is
             low_bit_types.add(_LOW_BIT[rounded])
@@ -131,20 +136,22 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     runs, as 'stores 2 weights in int8 (DequantizeLinear), 1 in float16 (Cast) and widens them to float ...'; None
     when every weight is stored as it is computed with."""
     found: dict[str, dict[str, set[str]]] = {}  # type -> how it is widened -> the weights so stored
+    types = value_types(model)
     for graph in _graphs(model.graph):
-        origin = _reshaped(graph, {t.name for t in graph.initializer if t.data_type in _DEQUANTIZED})
-        types = {t.name: t.data_type for t in graph.initializer}
+        stored = {t.name: t.data_type for t in _stored_tensors(graph)}
+        for node in graph.node:  # a float weight narrowed to 16 bits when the model runs is held in that type too
+            if _cast_to(node, types) in (10, 16) and node.input and stored.get(node.input[0]) in (1, 11):
+                stored[node.output[0]] = _cast_to(node, types)
+        origin = _reshaped(graph, {name for name, kind in stored.items() if kind in _DEQUANTIZED})
         for node in graph.node:
             weight = origin.get(node.input[0]) if node.input else None
-            to = next((a.i for a in node.attribute if a.name == "to"), None)
-            widened_cast = node.op_type == "Cast" and to in (1, 11) and types.get(weight) in _REDUCED_FLOATS
-            widens = bool(weight) and types[weight] in _DEQUANTIZED and (
+            widened_cast = _cast_to(node, types) in (1, 11) and stored.get(weight) in _REDUCED_FLOATS
+            widens = bool(weight) and stored[weight] in _DEQUANTIZED and (
                 node.op_type == "DequantizeLinear" or widened_cast)
             if widens:
-                found.setdefault(_DEQUANTIZED[types[weight]], {}).setdefault(node.op_type, set()).add(weight)
+                found.setdefault(_DEQUANTIZED[stored[weight]], {}).setdefault(node.op_type, set()).add(weight)
         for weight, kind in _rounded_floats(graph).items():
             found.setdefault(kind, {}).setdefault("rounded, stored as float32", set()).add(weight)
-    types = _value_types(model)
     for _, stored, weight in _cast_integer_weights(model, types):
         if stored in _DEQUANTIZED:
             found.setdefault(_DEQUANTIZED[stored], {}).setdefault("Cast", set()).add(weight)
@@ -167,7 +174,7 @@ def rounded_activations(model: onnx.ModelProto) -> str | None:
                      a.name == "to" and a.i in _REDUCED_FLOATS for a in node.attribute)))  # fmt: skip
     if next(narrowing, None) is None:
         return None  # the usual reference: no shape inference for what no node could do
-    types = _value_types(model)
+    types = value_types(model)
     found: Counter[str] = Counter()
     for node, graph_constants in _nodes(model.graph, _constants(model.graph)):
         rounded = _rounded_activation(node, types, graph_constants)
@@ -188,9 +195,41 @@ def _rounded_activation(node: onnx.NodeProto, types: dict[str, int], constants: 
     if node.op_type not in ("Cast", "CastLike") or not node.input or node.input[0] in constants \
             or types.get(node.input[0]) not in (1, 11):  # fmt: skip
         return None
-    to = next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else \
-        types.get(node.input[1]) if len(node.input) > 1 else None  # fmt: skip
+    to = _cast_to(node, types)
     return to if to in _REDUCED_FLOATS else None
+
+
+def _cast_to(node: onnx.NodeProto, types: dict[str, int]) -> int | None:
+    """The element type a Cast, or a CastLike (the type of its second input, where known), converts to; None for any
+    other node. Both widen a stored weight alike: PyTorch's dynamo exporter writes `w.type_as(x)` as CastLike(w, x)."""
+    if node.op_type == "Cast":
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+    if node.op_type == "CastLike" and len(node.input) > 1:
+        return types.get(node.input[1])
+    return None
+
+
+def _read_values(node: onnx.NodeProto) -> list[str]:
+    """The inputs whose values `node` computes from: a CastLike reads only the type of its second input, so a
+    stored weight it widens is as constant as one a Cast widens."""
+    inputs = [name for name in node.input if name]
+    return inputs[:1] if node.op_type == "CastLike" else inputs
+
+
+def _stored_tensors(graph: onnx.GraphProto) -> list[onnx.TensorProto]:
+    """The tensors `graph` stores: its initializers and its Constant nodes' values (named after the node's output);
+    an exporter keeps a weight in either."""
+    import onnx
+
+    held = []
+    for node in graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is not None and node.output:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            held.append(tensor)
+    return [*graph.initializer, *held]
 
 
 def _reshaped(graph: onnx.GraphProto, weights: set[str]) -> dict[str, str]:
@@ -219,7 +258,7 @@ def _rounded_floats(graph: onnx.GraphProto) -> dict[str, str]:
     from onnx import numpy_helper
 
     found = {}
-    for tensor in graph.initializer:
+    for tensor in _stored_tensors(graph):
         if tensor.data_type != 1 or tensor.data_location == 1 or np.prod(tensor.dims) < _ROUNDED_DISTINCT:
             continue
         values = numpy_helper.to_array(tensor).ravel()
@@ -254,8 +293,8 @@ def _grid_weights(graph: onnx.GraphProto) -> Iterator[tuple[str, int]]:
     import numpy as np
     from onnx import numpy_helper
 
-    origin = _reshaped(graph, {t.name for t in graph.initializer if t.data_type == 1 and t.data_location != 1})
-    tensors = {t.name: t for t in graph.initializer}
+    tensors = {t.name: t for t in _stored_tensors(graph)}
+    origin = _reshaped(graph, {name for name, t in tensors.items() if t.data_type == 1 and t.data_location != 1})
     bits: dict[str, int | None] = {}
     for node in graph.node:
         for name in (origin[i] for i in node.input if i in origin) if node.op_type in _CONTRACTIONS else ():
@@ -333,13 +372,12 @@ def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iter
         for _ in range(len(graph.node) + 1):  # until nothing changes: the nodes need not be in topological order
             known = len(constant)
             for node in graph.node:
-                inputs = [name for name in node.input if name]
+                inputs = _read_values(node)
                 if any(name in constant for name in node.output) or any(name not in constant for name in inputs) \
                         or any(a.HasField("g") or a.graphs for a in node.attribute):  # fmt: skip
                     continue
                 came = set().union(*(origin.get(name, set()) for name in inputs))
-                to = next((a.i for a in node.attribute if a.name == "to"), None)
-                cast_to_float = node.op_type == "Cast" and to in (1, 11)
+                cast_to_float = _cast_to(node, types) in (1, 11)
                 if cast_to_float and inputs[0] in stored and types.get(inputs[0]) in _INTEGERS:
                     came.add(inputs[0])
                 elif node.op_type == "Constant" or (node.op_type in _STORAGE_OPS and inputs[0] in stored):
@@ -360,10 +398,10 @@ def _low_bit_weight(node: onnx.NodeProto, types: dict[str, int], constants: set[
     if node.op_type in _WEIGHT_ONLY_OPS:
         bits = next((a.i for a in node.attribute if a.name == "bits"), _WEIGHT_ONLY_OPS[node.op_type])
         return f"{bits}-bit"
-    if node.op_type not in ("DequantizeLinear", "Cast") or not node.input or node.input[0] not in constants:
+    if node.op_type not in ("DequantizeLinear", "Cast", "CastLike") or not node.input or node.input[0] not in constants:
         return None
     stored = types.get(node.input[0])
-    if node.op_type == "Cast" and stored not in _REDUCED_FLOATS:
+    if node.op_type != "DequantizeLinear" and stored not in _REDUCED_FLOATS:
         return None  # an integer cast to float is a mask or an index
     return _LOW_BIT.get(stored)
 
@@ -386,7 +424,7 @@ def _counted(ops: Counter[str]) -> str:
     return f"{', '.join(shown)} node{'s' if sum(ops.values()) - hidden != 1 else ''}{more}"
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, int]:
+def value_types(model: onnx.ModelProto) -> dict[str, int]:
     """Value name -> ONNX element type, from the graph's declarations and ONNX shape inference (all subgraphs)."""
     from qbench.onnx_read import infer_shapes
 
@@ -411,7 +449,7 @@ def _constants(graph: onnx.GraphProto) -> set[str]:
     while True:  # until nothing changes: the nodes need not be in topological order
         known = len(constants)
         for node in graph.node:
-            inputs = [name for name in node.input if name]
+            inputs = _read_values(node)
             if node.op_type == "Constant" or (
                 node.op_type in _CONSTANT_FOLDING and inputs and all(name in constants for name in inputs)
             ):

@@ -236,6 +236,9 @@ def why_none(records: Sequence[CandidateRecord], float_layers: Mapping[str, int]
             nested = any("inside If/Loop/Scan" in op for op in float_layers)
             hint = (" (quantization rewrites the main graph only: export each branch as a model of its own, as "
                     "optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx are)") if nested else ""
+            if any("(float64)" in op for op in float_layers):
+                hint += (" (ONNX Runtime's quantizers leave float64 layers as they are: convert the model with float32 "
+                         "inputs and weights, skl2onnx's FloatTensorType, to quantize it)")  # fmt: skip
             return (f"the INT8 search found nothing to quantize: every candidate left the graph as FP32's; its "
                     f"weights are in {layers}, which none of the techniques tried ({techniques}) lowers to INT8; there "
                     f"is no INT8 variant of this model{hint}")  # fmt: skip

@@ -76,6 +76,7 @@ from qbench.variants.quant_scope import (
     table_lookups,
 )
 from qbench.variants.quantizable import (
+    float64_clause,
     nested_clause,
     nested_nodes_note,
     nothing_to_quantize,
@@ -247,7 +248,7 @@ def _nothing_quantized(
     if not quantizable:
         return nothing_to_quantize(op_types, model)
     computing = set(quantizable_nodes(model, computing_op_types(op_types), []))
-    nested = nested_clause(model, op_types)
+    nested = float64_clause(model, op_types) + nested_clause(model, op_types)
     if quantizable <= {*preprocessing, *predictor_outputs}:
         why = [text for names, text in ((preprocessing, "preprocessing in front of every layer with weights"),
                                         (predictor_outputs, "steps on the float output of an ONNX-ML predictor"))

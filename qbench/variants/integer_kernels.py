@@ -56,6 +56,7 @@ from qbench.onnx_read import infer_shapes
 from qbench.variants.base import BuiltVariant
 from qbench.variants.onnx_utils import INTEGER_KERNELS, all_nodes, outer_scope_reads, subgraphs_of
 from qbench.variants.quant_scope import nothing_quantized_note
+from qbench.variants.quantizable import computing_in_float64
 
 KERNELS_COUNTED_FOR = "onnxruntime-cpu"
 """The backend whose fusions the count follows: another runtime (TensorRT) may run in INT8 what this one runs in
@@ -395,9 +396,10 @@ _LINEAR_OP_TYPES = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 def float_weighted_layers(model: onnx.ModelProto) -> dict[str, int]:
     """Layers of `model` holding weights that a quantizer may leave float whole (recurrent layers, other-domain
-    operators, and Linear/Conv layers inside If/Loop/Scan bodies, which the quantizers never enter: the weights of an
-    optimum merged decoder, whose If picks the with-past or the without-past graph), by op type: where an FP32
-    graph's weights are when no INT8 build lowered anything."""
+    operators, Linear/Conv layers inside If/Loop/Scan bodies, which the quantizers never enter: the weights of an
+    optimum merged decoder, whose If picks the with-past or the without-past graph, and Linear/Conv layers computing
+    in float64, which the quantizers leave as they are: a scikit-learn MLP converted with double inputs), by op type:
+    where an FP32 graph's weights are when no INT8 build lowered anything."""
     recurrent, contrib = _float_weighted(model)
     bodies = [body for node in all_nodes(model.graph) for body in subgraphs_of(node)]
     matrices = {tensor.name for tensor in [*model.graph.initializer, *(t for body in bodies for t in body.initializer)]
@@ -405,7 +407,12 @@ def float_weighted_layers(model: onnx.ModelProto) -> dict[str, int]:
     nested = Counter(f"{inner.op_type} (inside If/Loop/Scan)" for body in bodies for inner in body.node
                      if inner.domain in ("", "ai.onnx") and inner.op_type in _LINEAR_OP_TYPES
                      and matrices.intersection(inner.input))  # fmt: skip
-    return dict(sorted((recurrent + contrib + nested).items()))
+    doubles = {tensor.name for tensor in model.graph.initializer
+               if tensor.data_type == onnx.TensorProto.DOUBLE and len(tensor.dims) >= 2}  # fmt: skip
+    wide = Counter(f"{node.op_type} (float64)" for node in computing_in_float64(model)
+                   if node.domain in ("", "ai.onnx") and node.op_type in _LINEAR_OP_TYPES
+                   and doubles.intersection(node.input))  # fmt: skip
+    return dict(sorted((recurrent + contrib + nested + wide).items()))
 
 
 def with_float_weighted(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:

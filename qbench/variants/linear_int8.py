@@ -175,5 +175,5 @@ def _constant_weight_note(done: Mapping[str, Any]) -> tuple[str, ...]:
     if not names:
         return ()
     listed = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return (f"{len(names)} MatMul/Gemm left in FP32 though their weight is no activation (not a 2-D float32 weight "
-            f"read as x·W: a 3-D or left-hand weight, a Gemm with transA or a computed bias): {listed}",)
+    return (f"{len(names)} MatMul/Gemm left in float though their weight is no activation (not a 2-D float32 weight "
+            f"read as x·W: a float64, 3-D or left-hand weight, a Gemm with transA or a computed bias): {listed}",)

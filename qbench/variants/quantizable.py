@@ -134,9 +134,28 @@ def nothing_to_quantize(op_types: Collection[str], model: onnx.ModelProto) -> st
     others = sorted({node.op_type for node in model.graph.node if node.domain not in ("", "ai.onnx")})
     kept = f"; {', '.join(others)} stay FP32" if others else ""
     named = ", ".join(sorted(op_types)) if len(op_types) <= 6 else "quantizable"
-    doubles = "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is" if float64_nodes(model) else ""
-    nested = nested_clause(model, op_types)
-    return f"nothing to quantize (no {named} node in the standard ONNX domain{kept}{doubles}{nested})"
+    where = "computing in float32" if _float64_layers(model, op_types) else "in the standard ONNX domain"
+    clauses = f"{kept}{float64_clause(model, op_types)}{nested_clause(model, op_types)}"
+    return f"nothing to quantize (no {named} node {where}{clauses})"
+
+
+def float64_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:
+    """'; 2 MatMul compute in float64, which ONNX Runtime's quantizers leave as they are' for a 'nothing to quantize'
+    reason ('; the graph computes in float64, ...' where no node of `op_types` does; '' in a graph without float64):
+    a double MLP was said to hold 'no MatMul node' though two held its weights."""
+    if not computing_in_float64(model):
+        return ""
+    wide = _float64_layers(model, op_types)
+    if not wide:
+        return "; the graph computes in float64, which ONNX Runtime's quantizers leave as it is"
+    listed = ", ".join(f"{count} {op}" for op, count in sorted(wide.items()))
+    return f"; {listed} compute in float64, which ONNX Runtime's quantizers leave as they are"
+
+
+def _float64_layers(model: onnx.ModelProto, op_types: Collection[str]) -> Counter[str]:
+    """The main graph's standard nodes of `op_types` that compute in float64, by op type."""
+    return Counter(node.op_type for node in computing_in_float64(model)
+                   if node.domain in ("", "ai.onnx") and node.op_type in op_types)  # fmt: skip
 
 
 def nested_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:

@@ -17,6 +17,11 @@ normal form of the recipe's model, computing the same outputs:
   the constant it is in every measurement, converted as its precision converts weights. Kept an input, FP16 stored
   the weights in float32 behind Casts, FP8 left them unquantized, and static INT8 dropped them while dynamic INT8
   kept some: each variant had another interface and another share of the graph in its precision;
+- a CastLike whose target's type is known is the Cast to that type. PyTorch's dynamo exporter writes
+  `w.type_as(x)` as CastLike(w, x): the weight it widens (float16, bfloat16 stored) then read as computed from the
+  activation `x`, so constant folding left it, the INT8 and FP8 quantizers took it for an activation (quantized
+  with the calibrator's range, per tensor, no weight of the layer counted as quantized) and the MatMul for one of
+  two activations;
 - IR version 4 at least: before it every initializer had to be listed as a graph input too, so each scale, zero
   point or rewritten weight a builder adds would make the model invalid.
 
@@ -36,8 +41,16 @@ import onnx
 from onnx import helper
 
 from qbench.errors import QbenchError, one_line
+from qbench.preflight.precision import value_types
 from qbench.variants.base import BuiltVariant
-from qbench.variants.onnx_utils import check_model_against, load_model, rename_reads, sort_nodes, subgraphs_of
+from qbench.variants.onnx_utils import (
+    all_nodes,
+    check_model_against,
+    load_model,
+    rename_reads,
+    sort_nodes,
+    subgraphs_of,
+)
 
 _INITIALIZERS_APART_IR = 4  # the first IR version whose initializers need not be listed as graph inputs
 
@@ -58,6 +71,7 @@ def normalise(model: onnx.ModelProto) -> None:
     model.ir_version = max(model.ir_version, _INITIALIZERS_APART_IR)
     graph = model.graph
     sort_nodes(graph)
+    _cast_likes_as_casts(model)
     defaults = {tensor.name for tensor in graph.initializer}
     if any(value.name in defaults for value in graph.input):
         fed = [onnx.ValueInfoProto.FromString(value.SerializeToString()) for value in graph.input
@@ -71,6 +85,23 @@ def normalise(model: onnx.ModelProto) -> None:
         kept = [onnx.ValueInfoProto.FromString(output.SerializeToString()) for output in kept]
         graph.ClearField("output")
         graph.output.extend(kept)
+
+
+def _cast_likes_as_casts(model: onnx.ModelProto) -> None:
+    """Each standard CastLike, in every subgraph too, whose second input's element type is known becomes the Cast to
+    that type (its saturate attribute kept), in place: the same values, read from its first input alone."""
+    cast_likes = [node for node in all_nodes(model.graph)
+                  if node.op_type == "CastLike" and node.domain in ("", "ai.onnx")]  # fmt: skip
+    if not cast_likes:
+        return  # the usual graph: no shape inference
+    types = value_types(model)
+    for node in cast_likes:
+        to = types.get(node.input[1]) if len(node.input) > 1 else None
+        if to is None:
+            continue
+        node.op_type = "Cast"
+        del node.input[1:]
+        node.attribute.append(helper.make_attribute("to", to))
 
 
 def _produce_initializer_outputs(graph: onnx.GraphProto) -> None:

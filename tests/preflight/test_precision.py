@@ -346,3 +346,28 @@ def test_a_sweep_from_a_reference_rounding_activations_says_so_in_results_and_ga
     capsys.readouterr()
     assert main(["gate", str(tmp_path / "recipe.yaml")]) == 0
     assert "gate note: the reference fp32 rounds 1 activation to bfloat16 (Cast)" in capsys.readouterr().out
+
+
+def test_a_dequantized_graph_input_is_the_data_fed_not_a_quantized_model() -> None:
+    """uint8 features decoded by a DequantizeLinear of the graph input (pixels to float), then FP32 layers, was refused
+    as 'already quantized: 1 DequantizeLinear node', though nothing the model computes is quantized and every variant
+    is fed the same integers. A QuantizeLinear of a float input (quantized activations) is still refused."""
+    weights = [numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array(1 / 16, np.float32), "x_scale"),
+               numpy_helper.from_array(np.array(128, np.uint8), "x_zero")]  # fmt: skip
+
+    def model(elem: int, quantize: bool) -> onnx.ModelProto:
+        nodes = [helper.make_node("DequantizeLinear", ["xq" if quantize else "x", "x_scale", "x_zero"], ["xf"]),
+                 helper.make_node("MatMul", ["xf", "w"], ["logits"])]  # fmt: skip
+        if quantize:
+            nodes.insert(0, helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zero"], ["xq"]))
+        graph = helper.make_graph(nodes, "decoded", [helper.make_tensor_value_info("x", elem, ["batch", 4])],
+                                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                                  weights)  # fmt: skip
+        built = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+        onnx.checker.check_model(built, full_check=True)
+        return built
+
+    assert reduced_precision(model(TensorProto.UINT8, quantize=False)) is None
+    assert reduced_precision(model(TensorProto.FLOAT, quantize=True)) == (
+        "the model is already quantized: 1 DequantizeLinear, 1 QuantizeLinear nodes")

@@ -88,20 +88,28 @@ def _gather_block_quantized() -> onnx.ModelProto:
     return model
 
 
-def _float8_cast() -> onnx.ModelProto:
+def _widen(stored: str, widened: str, cast_like: bool) -> onnx.NodeProto:
+    """The node widening the stored weight to float: a Cast, or the CastLike(w, x) a dynamo export of `w.type_as(x)`
+    writes."""
+    if cast_like:
+        return helper.make_node("CastLike", [stored, "x"], [widened])
+    return helper.make_node("Cast", [stored], [widened], to=TensorProto.FLOAT)
+
+
+def _float8_cast(cast_like: bool = False) -> onnx.ModelProto:
     stored = helper.make_tensor("w_stored", TensorProto.FLOAT8E4M3FN, [K, N], WEIGHT.ravel().tolist())
-    nodes = [helper.make_node("Cast", ["w_stored"], ["w"], to=TensorProto.FLOAT),
-             helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
+    nodes = [_widen("w_stored", "w", cast_like), helper.make_node("MatMul", ["x", "w"], ["y"])]
     return _model(nodes, [stored])
 
 
-def _cast_integers(elem: int, scaled: bool = True) -> onnx.ModelProto:
+def _cast_integers(elem: int, scaled: bool = True, cast_like: bool = False) -> onnx.ModelProto:
     """x @ Transpose(Cast(w stored in `elem`) * per-row scales), as a PyTorch export of `x @ (q.float() * s).t()`
-    leaves a weight-only quantized linear layer (no DequantizeLinear); `scaled=False`: the scale applied after."""
+    leaves a weight-only quantized linear layer (no DequantizeLinear); `scaled=False`: the scale applied after;
+    `cast_like`: widened by CastLike(w, x) (`q.type_as(x)`)."""
     dtype = helper.tensor_dtype_to_np_dtype(elem)
     scales = np.abs(WEIGHT.T).max(axis=1, keepdims=True) / 127
     stored = np.round(WEIGHT.T / scales).astype(dtype)
-    cast = helper.make_node("Cast", ["w_stored"], ["w_float"], to=TensorProto.FLOAT)
+    cast = _widen("w_stored", "w_float", cast_like)
     if scaled:
         nodes = [cast, helper.make_node("Mul", ["w_float", "w_scales"], ["w_scaled"]),
                  helper.make_node("Transpose", ["w_scaled"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
@@ -160,25 +168,42 @@ def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) ->
                      "int8 (weight-only, activations in float: 1 DequantizeLinear node)",
                      id="int8-dequantized"),
         pytest.param(_float8_cast, "float8 (weight-only, activations in float: 1 Cast node)", id="float8-cast"),
+        pytest.param(lambda: _float8_cast(cast_like=True),
+                     "float8 (weight-only, activations in float: 1 CastLike node)", id="float8-cast-like"),
+        pytest.param(lambda: _cast_integers(TensorProto.INT8, cast_like=True),
+                     "int8 (weight-only, activations in float: 1 MatMul node)", id="int8-cast-like-scaled"),
     ],
 )  # fmt: skip
 def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> None:
     """MatMulNBits was refused as 'already quantized' while the same int4 weights behind a DequantizeLinear were
     accepted as an FP32 reference (int8 and float8 too): every drop then measured from a quantized baseline. An int8
-    weight cast to float (and scaled) was taken for a mask, so such a reference passed as FP32 with no note at all."""
+    weight cast to float (and scaled) was taken for a mask, so such a reference passed as FP32 with no note at all, and
+    so was one widened by CastLike(w, x) (a dynamo export of `q.type_as(x)`), int8 or float8, until 2026-11-29."""
     problem = reduced_precision(build())
     assert problem == (f"the model's weights are already quantized to {found}, so every drop would be measured from "
                        "that rounding; give the float model the weights were quantized from (before "
                        "MatMulNBitsQuantizer or the like)")  # fmt: skip
 
 
-def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note() -> None:
+@pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
+                                            ("narrowed when run", "Cast")])  # fmt: skip
+def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
+    """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to
+    float16 and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the
+    reference's figures were called those of an FP32 model."""
     stored = numpy_helper.from_array(WEIGHT.astype(np.float16), "w_stored")
-    nodes = [helper.make_node("Cast", ["w_stored"], ["w"], to=TensorProto.FLOAT),
-             helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
-    model = _model(nodes, [stored])
+    nodes = [_widen("w_stored", "w", widen == "CastLike"), helper.make_node("MatMul", ["x", "w"], ["y"])]
+    weights = [stored] if held == "initializer" else []
+    if held == "Constant":
+        nodes.insert(0, helper.make_node("Constant", [], ["w_stored"], value=stored))
+    elif held == "narrowed when run":
+        nodes.insert(0, helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16))
+        weights = [numpy_helper.from_array(WEIGHT, "w_float")]
+    model = _model(nodes, weights)
+    expected = ROWS @ WEIGHT.astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(_run(model, {"x": ROWS}), expected, rtol=1e-5)
     assert reduced_precision(model) is None
-    assert stored_weights(model).startswith("stores 1 weight in float16 (Cast) and widens them to float")
+    assert stored_weights(model).startswith(f"stores 1 weight in float16 ({widen}) and widens them to float")
 
 
 def test_an_int16_weight_cast_to_float_is_accepted_with_its_note_and_a_cast_mask_or_range_is_no_weight() -> None:

@@ -247,6 +247,28 @@ def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
     assert "tree ensemble" not in said and "decoder_with_past_model.onnx" in said
 
 
+
+
+def test_linear_layers_computing_in_float64_are_where_the_weights_are_left_float():
+    """A scikit-learn MLP converted with double inputs: every MatMul reads a float64 weight, which ONNX Runtime's
+    quantizers leave as it is. The search said 'no MatMul, Gemm or Conv with constant weights, e.g. a tree ensemble';
+    a float32 layer beside them is no such layer."""
+    rng = np.random.default_rng(0)
+    out = helper.make_tensor_value_info
+    weights = [numpy_helper.from_array(rng.normal(size=(4, 4)), "w_double"),
+               numpy_helper.from_array(rng.normal(size=(4, 2)).astype(np.float32), "w_float")]  # fmt: skip
+    nodes = [helper.make_node("MatMul", ["x", "w_double"], ["h"]),
+             helper.make_node("Cast", ["h"], ["hf"], to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["hf", "w_float"], ["y"])]  # fmt: skip
+    graph = helper.make_graph(nodes, "mixed", [out("x", TensorProto.DOUBLE, ["n", 4])],
+                              [out("y", TensorProto.FLOAT, ["n", 2])], weights)  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    layers = float_weighted_layers(model)
+    assert layers == {"MatMul (float64)": 1}
+    records = [CandidateRecord(t, t, stage="not applicable") for t in ("ort-dynamic", "ort-static")]
+    said = select.why_none(records, layers)
+    assert "its weights are in 1 MatMul (float64)" in said and "FloatTensorType" in said and "tree ensemble" not in said
 def test_evaluation_order_puts_a_screen_near_the_gate_after_one_clearing_it_at_a_similar_speed():
     """A candidate screened a shade faster but only within the slack (excess over 1) waits for one that cleared the
     gate within the tie of its speed; a clearly faster risky candidate still goes first."""

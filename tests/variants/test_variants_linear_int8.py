@@ -244,3 +244,25 @@ def test_smoothing_folds_into_a_norm_whose_scale_the_exporter_shares_through_ide
     assert built.params["quantized_linears"] == 2
     held_out = _batches(rng, 1)[0]
     assert sqnr_db(_reference(model, held_out), _simulated(onnx.load(str(built.onnx_path)), held_out)) > 25.0
+
+
+def test_a_float64_matmul_left_float_is_not_said_to_be_left_in_fp32(tmp_path: Path) -> None:
+    """A layer computing in float64 between Casts (its weight a double matrix) is left float, as a 3-D weight is; the
+    note said 'left in FP32' and named no float64 weight among the reasons."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="linear"),
+             helper.make_node("Cast", ["h"], ["h64"], to=onnx.TensorProto.DOUBLE, name="widen"),
+             helper.make_node("MatMul", ["h64", "w64"], ["y64"], name="double_linear"),
+             helper.make_node("Cast", ["y64"], ["y"], to=onnx.TensorProto.FLOAT, name="narrow")]  # fmt: skip
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 2])],
+                              [numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w"),
+                               numpy_helper.from_array(rng.normal(size=(4, 2)), "w64")])  # fmt: skip
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    calibration = [{"x": rng.normal(size=(8, 4)).astype(np.float32)}]
+    spec = VariantSpec(name="int8", precision="int8", technique="linear", calibrator="minmax")
+    built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path, calibration=calibration))
+    assert built.params["quantized_linears"] == 1 and built.params["float_constant_weight_matmuls"] == ["double_linear"]
+    [note] = [note for note in built.notes if "double_linear" in note]
+    assert "left in float though" in note and "a float64, 3-D or left-hand weight" in note and "FP32" not in note

@@ -6,6 +6,7 @@ with nothing to quantize or convert is the FP32 model itself, saying so.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import ml_dtypes
@@ -148,6 +149,9 @@ def test_a_float64_mlp_builds_under_every_variant_and_quantizes_nothing(data, tm
     np.testing.assert_allclose(ran[1], expected[1], rtol=1e-6)
     unchanged = built.onnx_path == path.resolve() or built.params.get("quantized_nodes") == 0
     assert unchanged and any("nothing to" in note or "no node was quantized" in note for note in built.notes)
+    if variant["precision"] in ("int8", "fp8"):  # they said "no MatMul node" or spoke of a Reshape alone
+        matmuls = sum(node.op_type == "MatMul" for node in onx.graph.node)
+        assert any(re.search(rf"\b{matmuls} MatMul\b[^;]* compute in float64", note) for note in built.notes)
 
 
 def test_the_reference_says_it_computes_in_float64_where_its_graph_does(tmp_path):

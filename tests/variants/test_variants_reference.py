@@ -282,3 +282,39 @@ def test_a_checker_error_the_reference_does_not_have_still_fails_the_build():
     check_model_against(unranked, unranked)
     with pytest.raises(onnx.checker.ValidationError, match="shape"):
         check_model_against(unranked, valid)
+
+
+def _type_as_weights(path: Path) -> Path:
+    """The MLP with its weight matrices stored in float16 and widened by CastLike(w, x), as PyTorch's dynamo exporter
+    writes `w.type_as(x)`."""
+    stored = [numpy_helper.from_array(WEIGHTS[name].astype(np.float16), f"{name}_stored") for name in ("w1", "w2")]
+    widen = [helper.make_node("CastLike", [f"{name}_stored", "x"], [name], name=f"widen_{name}")
+             for name in ("w1", "w2")]  # fmt: skip
+    graph = helper.make_graph([*widen, *NODES], "mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
+                              [LOGITS], [*stored, numpy_helper.from_array(WEIGHTS["b1"], "b1")])  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_cast_like_of_a_weight_is_the_cast_it_stands_for_in_the_normal_form(tmp_path):
+    path = _type_as_weights(tmp_path / "type_as.onnx")
+    model = load_reference(path)
+    assert {node.op_type for node in model.graph.node} == {"Cast", "MatMul", "Add", "Relu"}
+    casts = [a.i for node in model.graph.node if node.op_type == "Cast" for a in node.attribute]
+    assert casts == [TensorProto.FLOAT] * 2
+    expected = _session(path).run(None, {"x": X})[0]
+    np.testing.assert_array_equal(_session(model).run(None, {"x": X})[0], expected)
+
+
+@pytest.mark.parametrize("name", ["int8-minmax", "fp8"])
+def test_weights_widened_by_cast_like_are_quantized_as_weights(tmp_path, name):
+    """CastLike(w, x) read the activation x, so folding left the weight computed from it: static INT8 and FP8
+    quantized both MatMul inputs as activations (the calibrator's range, per tensor, no weight of the layer counted as
+    quantized: weights_as_built held the Add only) and computed another model than the INT8/FP8 one deployed."""
+    built = _build(_type_as_weights(tmp_path / "type_as.onnx"), tmp_path / "w", name)
+    assert built.params["folded_weights"] == ["w1", "w2"]
+    assert sum(built.params["weights_as_built"]["MatMul"].values()) == 2
