@@ -134,10 +134,10 @@ def sweep(
                     from qbench.track.process import prestart
 
                     prestart()
+                from qbench.pricing import with_prices
                 from qbench.recipe.executor import with_executor
                 from qbench.recipe.spec import load_recipe
                 from qbench.report.tables import print_summary
-                from qbench.slo import with_prices
                 from qbench.sweep.runner import run_sweep
 
             loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
