@@ -107,8 +107,8 @@ def _judge_one(
                           "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and keep_up_undecided(serving):
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
-                          f"instance keeps up ({keep_up_undecided(serving)}): re-run `qbench sweep` on a machine nothing else "
-                          "runs on, or budget a rate further from the instance's capacity")  # fmt: skip
+                          f"instance keeps up ({keep_up_undecided(serving)}): re-run `qbench sweep` on a machine "
+                          "nothing else runs on, or budget a rate further from the instance's capacity")  # fmt: skip
         samples = min(_load_samples(result, serving), served.requests if served else math.inf)
     else:
         point = result.latency.at(budget.batch_size) if result.latency else None
