@@ -21,7 +21,7 @@ from qbench.results.schema import SliceMetrics
 from qbench.tasks import LabelError, Task
 from qbench.tasks.base import wilson
 from qbench.tasks.class_labels import label_columns
-from qbench.tasks.classification import (
+from qbench.tasks.class_scores import (
     ONE_COLUMN_CLASSES,
     below_chance,
     chance_accuracy,
@@ -96,7 +96,7 @@ def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overa
     """For each evaluated output on which FP32's accuracy over every evaluation row (`overall`, its figures against
     `labels`) is below what a uniform guess among its classes scores and below what a guess answering each class as
     often as FP32 does, whatever the input, scores (`unpaired`: FP32's figures against the labels shuffled across
-    rows, asked only then): why that is suspect (classification.below_chance) and whether it is beyond chance's reach,
+    rows, asked only then): why that is suspect (class_scores.below_chance) and whether it is beyond chance's reach,
     the 95 % interval (the report's) ending below both. Labels in another coding than the output's columns (ids
     shifted by one, data.classes in another order, binary labels inverted) make FP32 wrong on nearly every row, and a
     variant is then judged by its changes between wrong answers. An evaluation set whose labels lean to classes FP32

@@ -72,7 +72,7 @@ from qbench.selection_rows import (
 )
 from qbench.sources import ModelSource, resolve_model
 from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import named_labels
+from qbench.tasks.class_scores import named_labels
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
