@@ -30,8 +30,8 @@ from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
-from qbench.preflight.labels import check_labels_beat_chance
-from qbench.preflight.prepare import Prepared, check_labels_fit_outputs
+from qbench.preflight.labels import check_labels_beat_chance, check_labels_fit_outputs
+from qbench.preflight.prepare import Prepared
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe.spec import LatencySpec
 from qbench.results.schema import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
