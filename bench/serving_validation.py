@@ -50,7 +50,8 @@ from qbench.demo.digits import make_digits_demo
 from qbench.environment import describe_environment
 from qbench.preflight.prepare import prepare
 from qbench.recipe.spec import Recipe, load_recipe
-from qbench.slo import idle_ms, load_settings, served_times, server_for, serving_figures
+from qbench.serving import idle_ms, served_times, server_for, serving_figures
+from qbench.slo import load_settings
 from qbench.sweep.runner import run_sweep
 from qbench.validate.latency import latency_points, measure_batcher_samples, measure_samples
 from qbench.validate.load import Batcher, Draws, LoadReplay, MeasuredServiceTimes

@@ -32,7 +32,7 @@ from bench_output import write_json
 from rich.console import Console
 from rich.table import Table
 
-import qbench.slo as slo
+import qbench.validate.load_search as load_search
 from qbench.demo.digits import make_digits_demo
 from qbench.recipe.spec import load_recipe
 from qbench.sweep.runner import run_sweep
@@ -64,7 +64,7 @@ def recorded_searches(recipe: Path, busy: int) -> tuple[list[dict[str, Any]], di
     """Sweep `recipe` while `busy` processes spin; each search the sweep ran (its arguments), and the sweep's phases."""
     searches: list[dict[str, Any]] = []
 
-    def recording(replay, budget_ms, **options):  # noqa: ANN001, ANN003, ANN202 - slo's call, recorded
+    def recording(replay, budget_ms, **options):  # noqa: ANN001, ANN003, ANN202 - the sweep's call, recorded
         started, wall = time.process_time(), time.perf_counter()
         found = search_max_rate(replay, budget_ms, **options)
         searches.append({"replay": replay, "budget_ms": budget_ms, "options": options,
@@ -72,11 +72,11 @@ def recorded_searches(recipe: Path, busy: int) -> tuple[list[dict[str, Any]], di
         return found
 
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
-    slo.search_max_rate = recording
+    load_search.search_max_rate = recording  # qbench.serving imports it where it simulates, after this
     try:
         timings = run_sweep(load_recipe(recipe), track=False).results.timings
     finally:
-        slo.search_max_rate = search_max_rate
+        load_search.search_max_rate = search_max_rate
         for spinner in spinners:
             spinner.terminate()
             spinner.wait()

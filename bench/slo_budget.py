@@ -37,10 +37,10 @@ from rich.table import Table
 
 from qbench.environment import describe_environment
 from qbench.gate.evaluate import GateReport
+from qbench.pricing import with_prices
 from qbench.recipe.spec import Recipe, load_recipe
 from qbench.report.serving import accuracy_verdict, cheapest, slo_verdict
 from qbench.results.schema import SweepResults, VariantResult
-from qbench.slo import with_prices
 from qbench.sweep.runner import run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -50,6 +50,9 @@ JOBS_FOLDER = "jobs"  # in a run folder: a record per finished job (qbench.execu
 STARTED = ".started"  # in JOBS_FOLDER: the mark of a job running in the sweep's process, removed as it is recorded
 STOP_ON_CRASH = "--stop-on-crash"  # `qbench sweep`'s option: a crash inside a job ends the command, as it used to
 KEEP_FAILED = "--keep-failed"  # `qbench sweep`'s hidden option: a job a resume after a crash never runs again
+# `qbench sweep`'s hidden option: the run folder a resume after a crash takes up (the crashed sweep's, not the newest
+# of its plan, which another sweep of the same recipe running meanwhile may have written)
+RESUME_RUN = "--resume-run"
 _CHANNEL = "QBENCH_SUPERVISOR_FD"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # SIGHUP: the terminal closed (it reaches the parent only)
 _PR_SET_PDEATHSIG = 1  # Linux prctl option: a signal for this process when its parent dies
@@ -119,13 +122,13 @@ def supervise(args: Sequence[str]) -> int:
                 _record_death(run, cause(-code) if code < 0 else f"exit status {code} before qbench finished the "
                               "command (exit() inside a library or the recipe's code)")  # fmt: skip
             jobs = _going_on(args, code, run, finished, died, stopped=bool(received))
-            if not jobs:
+            if not jobs or run is None:  # none without a run
                 break
             died.update(dict.fromkeys(jobs, cause(-code)))
             _say(f"qbench: the `qbench sweep` process died running {', '.join(jobs)}: {cause(-code)} (the Python stack "
                  f"at that moment is above); going on with the other jobs: `--resume` of {run} records "
                  f"{'it' if len(jobs) == 1 else 'them'} failed ({STOP_ON_CRASH} stops here instead)")  # fmt: skip
-            command = _resumed(args, died)
+            command = _resumed(args, died, run)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -177,9 +180,10 @@ def _started_jobs(run: Path) -> list[str]:
     return jobs
 
 
-def _resumed(args: Sequence[str], died: Mapping[str, str]) -> list[str]:
-    """`qbench ARGS` as a `--resume` that never runs again a job in `died` (`--rerun-failed` would: `KEEP_FAILED`)."""
-    resumed = [*args, *([] if "--resume" in args else ["--resume"])]
+def _resumed(args: Sequence[str], died: Mapping[str, str], run: Path) -> list[str]:
+    """`qbench ARGS` as a `--resume` of the run folder `run` (`RESUME_RUN`) that never runs again a job in `died`
+    (`--rerun-failed` would: `KEEP_FAILED`)."""
+    resumed = [*args, *([] if "--resume" in args else ["--resume"]), RESUME_RUN, str(run)]
     if "--rerun-failed" in args:
         resumed += [word for job in died for word in (KEEP_FAILED, job)]
     return resumed

@@ -18,7 +18,8 @@ from qbench.gate.report import check_line, failure_reasons
 from qbench.recipe.slo import SloSpec
 from qbench.report.serving import cheapest, slo_lines
 from qbench.results.serving import LoadStats, ServingResult
-from qbench.slo import SLO_METRIC, SLO_SCOPE, judge_slo, p99_basis, serving_metrics
+from qbench.serving import serving_metrics
+from qbench.slo import SLO_METRIC, SLO_SCOPE, judge_slo, p99_basis
 
 SLO = SloSpec.model_validate({"p99_ms": 10.0, "rate_rps": 100.0, "load": {"max_queue_delay_ms": 1.0}})
 GATE = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.1)
@@ -353,8 +354,8 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
 
 def test_price_on_the_command_line(tmp_path):
     from qbench.errors import QbenchError
+    from qbench.pricing import with_prices
     from qbench.recipe.spec import load_recipe
-    from qbench.slo import with_prices
     from tests.recipe.test_spec import with_changes, write_recipe
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(cost={"price_per_hour": {"onnxruntime-cpu": 0.1}})))
@@ -375,7 +376,7 @@ def test_cost_figures_of_a_sweep_by_hand(tmp_path):
 
     from qbench.recipe.spec import load_recipe
     from qbench.results.schema import LatencyPoint
-    from qbench.slo import serving_figures
+    from qbench.serving import serving_figures
     from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
     from qbench.validate.load_search import search_max_rate
     from tests.recipe.test_spec import with_changes, write_recipe
@@ -466,7 +467,7 @@ def test_batches_served_through_a_batcher_pay_the_gathering_when_busy_and_the_id
     (2,000 from the timed runs alone); an idle batch of 1 takes 5 ms."""
     import numpy as np
 
-    from qbench.slo import served_times
+    from qbench.serving import served_times
     from qbench.validate.latency import BatcherSamples
     from qbench.validate.load import capacity_rps
 
@@ -485,7 +486,7 @@ def test_idle_batches_are_the_timed_runs_shifted_by_the_idle_starts_median():
     median below the runs' median shifts nothing."""
     import numpy as np
 
-    from qbench.slo import served_times
+    from qbench.serving import served_times
     from qbench.validate.latency import BatcherSamples
 
     runs = {1: np.array([1.0] * 9 + [20.0])}
@@ -652,7 +653,7 @@ def test_idle_starts_are_timed_after_the_idle_the_budgets_rate_gives():
     was 0.14 ms, a pass of a 10 ms budget that every cold request breaks)."""
     import numpy as np
 
-    from qbench.slo import IDLE_MAX_MS, idle_ms, served_times
+    from qbench.serving import IDLE_MAX_MS, idle_ms, served_times
     from qbench.validate.latency import measure_batcher_samples
     from qbench.validate.load import Batcher, Draws, LoadReplay
 
@@ -714,7 +715,7 @@ def test_the_budgets_rate_met_on_one_instance_costs_one_instance():
     10 ms budget on one instance, as the gate judges it: the cost at that rate counted ceil(100 / 40) = 3 instances
     ($3 per million at $0.36/h, 3x what the traffic that passed costs). A run at the rate over the budget counts the
     instances the sweep showed its share within budget on (`split_instances`, from those 3 up)."""
-    from qbench.slo import priced
+    from qbench.pricing import priced
 
     met = replace(_serving(5.0, 40.0, 0.0), usd_per_million={}, split_instances=4)
     assert priced(met, 0.36, ()).usd_per_million["at_rate"] == pytest.approx(1.0)  # 0.36 / 3600 / 100 * 1e6

@@ -1,4 +1,4 @@
-"""Costs per million as judged: computed from the prices asked for and the recorded rates (qbench.slo.repriced),
+"""Costs per million as judged: computed from the prices asked for and the recorded rates (qbench.pricing.repriced),
 never read back from results, and a recorded price that is no price refused."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from test_slo import GATE, SLO, _load, _results, _user_recipe
 from qbench.cli.app import main
 from qbench.errors import QbenchError
 from qbench.gate.evaluate import EXIT_PASS, evaluate_gate
+from qbench.pricing import repriced
 from qbench.recipe.slo import CostSpec
 from qbench.report.serving import cheapest, slo_lines
 from qbench.results.serving import serving_from_dict
-from qbench.slo import repriced
 
 
 def test_costs_are_computed_again_from_the_price_and_rates_not_read_back():
@@ -87,8 +87,8 @@ def test_the_budgets_rate_is_priced_on_instances_whose_share_of_it_the_simulatio
     waits for company) up to 6,937.5 req/s on this seed. 7,500 req/s was priced on ceil(7,500 / 6,937.5) = 2
     instances, each at 3,750 req/s, whose p99 is 4.3 ms: none of 2 to 5 instances meets the budget, so no cost; 9,000
     and 12,000 req/s split over 2 instances (4,500 and 6,000 req/s each) are within it."""
+    from qbench.pricing import instances_at_rate, priced, split_instances
     from qbench.results.serving import ServingResult
-    from qbench.slo import instances_at_rate, priced, split_instances
     from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay
 
     replay = LoadReplay(FixedServiceTime(1.0, max_batch_size=8), Batcher(8, 10.0), Draws.make(5000, seed=0))

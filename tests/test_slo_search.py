@@ -1,4 +1,4 @@
-"""The sweep's load figures when the search for the highest rate is cut short by its cost (qbench.slo._with_load)."""
+"""The sweep's load figures when the search for the highest rate is cut short by its cost (qbench.serving._with_load)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from stalled_timings import stalled_digits_samples
 from qbench.recipe.spec import load_recipe
 from qbench.results.schema import LatencyPoint
 from qbench.results.serving import LoadStats
-from qbench.slo import serving_figures
+from qbench.serving import serving_figures
 from tests.recipe.test_spec import with_changes, write_recipe
 
 

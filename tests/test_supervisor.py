@@ -227,7 +227,9 @@ def _sweep_dying(tmp_path: Path, jobs: list[str | None], signum: int = signal.SI
 def test_a_sweep_dying_in_a_job_goes_on_as_a_resume_once_per_job_until_it_finishes(tmp_path):
     code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "measure:c", "finish"],
                                           args=("sweep", "r.yaml", "--gate"))  # fmt: skip
-    assert attempts == ["sweep r.yaml --gate"] + ["sweep r.yaml --gate --resume"] * 3
+    # each resume takes up the run folder of the process that died, not the newest of its plan (qbench.supervisor)
+    assert attempts == ["sweep r.yaml --gate"] + [f"sweep r.yaml --gate --resume --resume-run {tmp_path / 'runs' / str(n)}"
+                                                  for n in range(3)]  # fmt: skip
     going_on = [line for line in stderr if "going on with the other jobs" in line]
     assert [line.split(" died running ")[1].split(": segmentation fault")[0] for line in going_on] == [
         "measure:a", "build:b", "measure:c"]
@@ -271,5 +273,8 @@ def test_stop_on_crash_ends_the_command_at_the_first_crash(tmp_path):
 
 def test_a_resume_of_failed_jobs_after_a_crash_is_told_which_jobs_died_in_this_command(tmp_path):
     _, _, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "finish"], args=("sweep", "--resume", "--rerun-failed"))
-    assert attempts == ["sweep --resume --rerun-failed", "sweep --resume --rerun-failed --keep-failed measure:a",
-                        "sweep --resume --rerun-failed --keep-failed measure:a --keep-failed build:b"]  # fmt: skip
+    runs = tmp_path / "runs"
+    assert attempts == ["sweep --resume --rerun-failed",
+                        f"sweep --resume --rerun-failed --resume-run {runs / '0'} --keep-failed measure:a",
+                        f"sweep --resume --rerun-failed --resume-run {runs / '1'} --keep-failed measure:a --keep-failed "
+                        "build:b"]  # fmt: skip

@@ -42,7 +42,7 @@ from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
 from qbench.interrupt import held
 from qbench.startup import uncollected_setup
-from qbench.supervisor import KEEP_FAILED, STOP_ON_CRASH, address_space_note, supervised
+from qbench.supervisor import KEEP_FAILED, RESUME_RUN, STOP_ON_CRASH, address_space_note, supervised
 
 if TYPE_CHECKING:
     from qbench.results.schema import SweepResults
@@ -113,6 +113,7 @@ def sweep(
     keep_failed: Annotated[  # the supervising process's resume after a crash: the jobs that died in this command
         Optional[list[str]], typer.Option(KEEP_FAILED, hidden=True)
     ] = None,
+    resume_run: Annotated[Optional[Path], typer.Option(RESUME_RUN, hidden=True)] = None,  # that resume's run folder
 ) -> int:
     """Build every variant, measure it against FP32, write reports/<name>/<time>/ and log to MLflow.
 
@@ -134,10 +135,10 @@ def sweep(
                     from qbench.track.process import prestart
 
                     prestart()
+                from qbench.pricing import with_prices
                 from qbench.recipe.executor import with_executor
                 from qbench.recipe.spec import load_recipe
                 from qbench.report.tables import print_summary
-                from qbench.slo import with_prices
                 from qbench.sweep.runner import run_sweep
 
             loaded = with_executor(with_prices(load_recipe(recipe), price or []), kind=executor, address=address)
@@ -148,7 +149,7 @@ def sweep(
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed,
-                                keep_failed=frozenset(keep_failed or ()))
+                                keep_failed=frozenset(keep_failed or ()), resume_run=resume_run)
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
             untracked = None if track else "the sweep was not tracked (--no-track)"
             if outcome.tracking_failure:

@@ -311,15 +311,19 @@ def _record(raw: dict[str, Any], folder: Path) -> JobRecord:
                      measured_with=measured_with, evidence=evidence)  # fmt: skip
 
 
-def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> RunFolder | None:
+def resumable_run(root: Path, fingerprint: str, *, rerun_failed: bool = False, only: Path | None = None
+                  ) -> RunFolder | None:  # fmt: skip
     """The run `--resume` takes up: the newest run folder under `root` whose plan has `fingerprint` and that is
     either incomplete having recorded a finished job (or one its process died running; never one whose sweep still
     runs on this host: `running_here`), or finished with a job that failed for a reason outside the
     variant (`environment_failures`; with `rerun_failed`, any failed job: `failed_jobs`); None when there is none.
-    A run interrupted before any job finished has nothing to resume: an earlier run of the same plan is taken over it."""
+    A run interrupted before any job finished has nothing to resume: an earlier run of the same plan is taken over it.
+    `only`: that run folder alone is considered (the one a crashed sweep wrote: qbench.supervisor.RESUME_RUN)."""
     runs_again = failed_jobs if rerun_failed else environment_failures
     candidates = []
     for run in _same_plan(root, fingerprint):
+        if only is not None and run.path.resolve() != only.resolve():
+            continue
         if run.complete:
             if runs_again(read_records(run.path)):
                 candidates.append(run)

@@ -233,10 +233,22 @@ def _died(why: str, run: str, rerun_failed: bool) -> Decision:
     return Decision(REUSE, f"failed in {run}: {why}", failed=True)
 
 
-def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False) -> Path | None:
+def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False, crashed: Path | None = None
+                  ) -> Path | None:  # fmt: skip
     """The run folder --resume takes up (qbench.execute.records.resumable_run); None when there is none. A
     QbenchError when the newest run of this plan finished and none of its jobs would run again (none failed for a
-    reason outside the variant; with `rerun_failed`, none failed): resuming it would change nothing."""
+    reason outside the variant; with `rerun_failed`, none failed): resuming it would change nothing.
+
+    `crashed`: the run folder of the sweep whose process just died, which the supervising `qbench` process resumes
+    (qbench.supervisor.RESUME_RUN): that run is taken up, never the newest of the plan (another sweep of the same
+    recipe running meanwhile, a second CI job on the runner, wrote a newer one), and a QbenchError where it is no
+    run of this plan under `root` that a resume takes up."""
+    if crashed is not None:
+        named = resumable_run(root, fingerprint, rerun_failed=rerun_failed, only=crashed)
+        if named is None:
+            raise QbenchError(f"cannot resume the crashed sweep's run {crashed}: expected a run folder under {root} of "
+                              "this recipe's plan (the same fingerprint) that a resume takes up")  # fmt: skip
+        return named.path
     run = resumable_run(root, fingerprint, rerun_failed=rerun_failed)
     finished = finished_run(root, fingerprint)
     if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):

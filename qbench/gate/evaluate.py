@@ -17,6 +17,7 @@ import qbench
 from qbench.errors import QbenchError, named_some, short_repr
 from qbench.frontier.pareto import mixed_timing_machines, slower_than_reference_notes
 from qbench.gate.checks import unmatched_globs
+from qbench.gate.metric_check import GateCheck, check_scope, nonfinite_reference_hint, too_small, undefined_for_fp32
 from qbench.gate.notes import (
     chosen_on_judged_rows,
     constant_reference,
@@ -38,45 +39,23 @@ from qbench.gate.outputs import (
     other_output_kept_notes,
     other_output_notes,
 )
-from qbench.gate.resolution import NOT_JUDGED, interval_problems, rows_alone, unjudged_scopes, unresolved
+from qbench.gate.resolution import interval_problems, rows_alone, unjudged_scopes, unresolved
 from qbench.gate.tolerance import GivenTolerances, Tolerances, given_for, reference_tolerances
 from qbench.recipe.slo import SloSpec
 from qbench.recipe.spec import GateSpec
 from qbench.results.evidence import names_code, unrecorded
-from qbench.results.schema import SliceMetrics, SweepResults, VariantResult
+from qbench.results.schema import SweepResults, VariantResult
 from qbench.slo import SLO_METRIC, SLO_SCOPE, SloJudgement, judge_slo
 from qbench.validate.catalogue import (
-    METRICS,
     OUTPUT_SEPARATOR,
     custom_metrics,
-    drop,
     recorded_custom_metrics,
-    within,
 )
 from qbench.validate.kept import KEPT, chance_text
 
 EXIT_PASS = 0
 EXIT_BREACH = 1
 EXIT_UNUSABLE = 2
-UNDER_MIN_SIZE = "under min_slice_size"  # the reason a slice smaller than gate.min_slice_size is not judged
-
-
-@dataclass(frozen=True)
-class GateCheck:
-    variant: str
-    backend: str
-    scope: str  # "overall" or a slice name
-    metric: str
-    reference: float
-    observed: float
-    drop: float
-    tolerance: float
-    size: int
-    status: str  # "pass" | "breach" | "skipped" (not judged: `reason` says why)
-    # why a skipped check was not judged (UNDER_MIN_SIZE, or the metric is undefined there); a *_kept check's
-    # component ("class 3", "column 0 top": qbench.validate.kept)
-    reason: str = ""
-    detail: str = ""  # a *_kept check's chance of its losses (qbench.validate.kept.chance_text)
 
 
 @dataclass(frozen=True)
@@ -410,7 +389,7 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
         if raised and judged:  # the custom metric raised here (for FP32 or the variant): unusable, never a pass
             problems.append(f"metric {spec.metric!r} cannot be judged on {own_scope.name}: {raised}")
             continue
-        check = _check(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0,
+        check = check_scope(variant, backend, spec, ref_scope, own_scope, tolerance, explained=extra_nonfinite > 0,
                        either_way=against != backend)  # fmt: skip
         if check is not None:
             checks.append(check)
@@ -418,82 +397,15 @@ def _judge(results: SweepResults, variant: str, backend: str, spec: GateSpec, re
             why = unresolved(spec.metric, tolerance, ref_scope, own_scope, distinct) if check.status == "pass" else None
             small += [why] if why else []
             on_spread |= bool(why) and not rows_alone(spec.metric, tolerance, ref_scope, own_scope)
-        elif _undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
+        elif undefined_for_fp32(spec.metric, ref_scope, own_scope):  # only overall: a slice is skipped instead
             problems.append(f"metric {spec.metric!r} is undefined on {own_scope.name} for FP32 too (NaN or inf "
                             "without NaN/inf outputs: R² of a constant target, a custom metric dividing by zero, "
                             "such as a MAPE over zero labels): nothing can be judged; gate on a metric defined "
                             "there")  # fmt: skip
         else:
-            why = _nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
+            why = nonfinite_reference_hint(spec.metric, ref_scope) if ref_scope.nonfinite_outputs else ""
             problems.append(f"metric {spec.metric!r} is missing or NaN on {own_scope.name}{why}")
     return checks, problems, small, on_spread
-
-
-def _nonfinite_reference_hint(metric: str, ref: SliceMetrics) -> str:
-    """Why `metric` is NaN where FP32 gives NaN/inf on some rows, and the metrics of the same output FP32 reports on
-    this scope that count such rows (the catalogue says which) and are defined there: what to gate on instead."""
-    output = metric.rpartition(OUTPUT_SEPARATOR)[0]
-    counting = [name for name, value in ref.metrics.items()
-                if name.rpartition(OUTPUT_SEPARATOR)[0] == output and name in METRICS
-                and METRICS[name].counts_nonfinite_rows and math.isfinite(value)]  # fmt: skip
-    where = f" (FP32 itself gives NaN/inf on {ref.nonfinite_outputs} of its {ref.size} rows"
-    if counting:
-        return f"{where}: gate on a metric that counts such rows: {', '.join(counting)})"
-    return (f"{where}, and none of its metrics here counts such rows: make FP32 finite there, or leave those rows out "
-            "with data.evaluation.filter)")
-
-
-def _at_worst(metric: str, value: float) -> bool:
-    """FP32's figure is its metric's worst (accuracy or F1 0): no variant can do worse, so a drop cannot show."""
-    info = METRICS[metric]
-    worst = info.low if info.higher_is_better else info.high
-    return math.isfinite(worst) and value == worst
-
-
-def _undefined_for_fp32(metric: str, ref: SliceMetrics, own: SliceMetrics) -> bool:
-    """The metric is NaN/inf on this scope for FP32 and the variant alike, and FP32 gives no NaN/inf output there:
-    the data leaves it undefined (R² of a constant target, a one-row nn_agreement), so there is nothing to compare."""
-    return (ref.nonfinite_outputs == 0 and not math.isfinite(ref.metrics.get(metric, math.nan))
-            and metric in own.metrics and not math.isfinite(own.metrics[metric]))  # fmt: skip
-
-
-def too_small(scope: SliceMetrics, spec: GateSpec) -> bool:
-    """A slice whose gated figure rests on fewer rows (or scored units) than min_slice_size is reported, not judged
-    (the overall scope always is)."""
-    return scope.name != "overall" and scope.judged_count(spec.metric) < spec.min_slice_size
-
-
-def _check(
-    variant: str, backend: str, spec: GateSpec, ref: SliceMetrics, own: SliceMetrics, tolerance: float,
-    *, explained: bool = False, either_way: bool = False,
-) -> GateCheck | None:
-    """One metric check; None when it cannot be judged. `explained`: the variant has more NaN/inf outputs
-    than FP32 here, so a NaN metric is the variant's own failure (a breach), not unusable results. `either_way`: FP32
-    on a later backend against the first's, where a gain beyond the tolerance breaches as a loss does: the same model
-    scoring 0.9 on one backend and 0.878 on the first says one of them computes it wrong, and the first's variants,
-    judged against its FP32, passed with it. A slice too
-    small to judge, or one where the data leaves the metric undefined for FP32 too, is a skipped check saying why
-    (never a pass); on the overall scope an undefined metric leaves nothing to judge (None)."""
-    ref_value = ref.metrics.get(spec.metric, math.nan)
-    value = own.metrics.get(spec.metric, math.nan)
-    finite = math.isfinite(ref_value) and math.isfinite(value)
-    observed_drop = drop(spec.metric, ref_value, value) if finite else math.inf
-    # min_slice_size comes first: a slice too small to judge may have no metric value at all
-    if too_small(own, spec):
-        reason = UNDER_MIN_SIZE
-    elif own.name != "overall" and _undefined_for_fp32(spec.metric, ref, own):
-        reason = f"{NOT_JUDGED}{spec.metric} is undefined on this scope for FP32 too"
-    elif finite and not either_way and _at_worst(spec.metric, ref_value):
-        reason = f"{NOT_JUDGED}FP32's {spec.metric} is {ref_value:g} here, its worst: no drop can show"
-    elif not finite and not (explained and math.isfinite(ref_value)):
-        return None
-    else:
-        status = "pass" if within(abs(observed_drop) if either_way else observed_drop, tolerance, ref_value,
-                                  value) else "breach"  # fmt: skip
-        return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,
-                         own.judged_count(spec.metric), status)  # fmt: skip
-    return GateCheck(variant, backend, own.name, spec.metric, ref_value, value, observed_drop, tolerance,
-                     own.judged_count(spec.metric), "skipped", reason)  # fmt: skip
 
 
 def _slo_check(judgement: SloJudgement) -> GateCheck:

@@ -20,8 +20,9 @@ from typing import Any
 
 from qbench.errors import QbenchError, named_some
 from qbench.files import file_in_the_way, write_atomically
-from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, UNDER_MIN_SIZE, GateCheck, GateReport
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, GateReport
 from qbench.gate.evaluate import problem_owner as owner_of
+from qbench.gate.metric_check import UNDER_MIN_SIZE, GateCheck
 from qbench.gate.outputs import COLLAPSED, SPREAD_METRIC
 from qbench.gate.report_paths import check_report_path
 from qbench.report.grid import compared, figure, md_cell

@@ -59,7 +59,8 @@ from qbench.errors import named_some
 from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
-    from qbench.gate.evaluate import GateCheck, GateReport
+    from qbench.gate.evaluate import GateReport
+    from qbench.gate.metric_check import GateCheck
     from qbench.results.schema import SliceMetrics
 
 CONFIDENCE = 0.95

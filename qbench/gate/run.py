@@ -30,11 +30,11 @@ from qbench.gate.fresh import (
     stale_inputs,
     stale_sections,
 )
+from qbench.pricing import repriced
 from qbench.provenance import recorded_recipe
 from qbench.recipe.spec import Recipe
 from qbench.results.schema import SweepResults, read_results
 from qbench.runs import RESULTS_FILE, newest_run, of_another_checkout, run_folders, where_now
-from qbench.slo import repriced
 
 if TYPE_CHECKING:
     from qbench.data.evaluation import EvaluationRows

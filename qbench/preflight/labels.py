@@ -1,6 +1,7 @@
-"""Labels given as class names (`data.classes`): each names a score column of the outputs, by its position in the list;
-the labels checked against each evaluated output (`check_output_labels`), and against FP32's answers
-(`check_labels_beat_chance`).
+"""The evaluation labels read and checked by the task (`read_labels`). Labels given as class names (`data.classes`):
+each names a score column of the outputs, by its position in the list; the labels checked against each evaluated
+output (`check_output_labels`; where the graph leaves its width symbolic, against FP32's outputs:
+`check_labels_fit_outputs`), and against FP32's answers (`check_labels_beat_chance`).
 
 Checked against what the graph says of its outputs before any label is read: a map output names its own classes, a
 graph may name its columns (a ZipMap's keys, a class table), and the count must match the score columns.
@@ -10,18 +11,22 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qbench.data.labels import label_cells, unlabelled_hint
+from qbench.data.text_tables import text_cells_hint
 from qbench.errors import RecipeError
 from qbench.modelinfo.signature import TensorMeta
 from qbench.recipe.spec import Recipe
 from qbench.results.schema import SliceMetrics
-from qbench.tasks import LabelError, Task
+from qbench.tasks import LabelError, Task, get_task
 from qbench.tasks.base import wilson
 from qbench.tasks.class_labels import label_columns
-from qbench.tasks.classification import (
+from qbench.tasks.class_scores import (
     ONE_COLUMN_CLASSES,
     below_chance,
     chance_accuracy,
@@ -32,6 +37,11 @@ from qbench.tasks.classification import (
 from qbench.tasks.selection import OutputChoice
 from qbench.tasks.tokens import IGNORE_LABEL, any_token_list
 from qbench.validate.catalogue import OUTPUT_SEPARATOR
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from qbench.preflight.prepare import Prepared  # which imports this module
 
 
 def named_classes(
@@ -96,7 +106,7 @@ def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overa
     """For each evaluated output on which FP32's accuracy over every evaluation row (`overall`, its figures against
     `labels`) is below what a uniform guess among its classes scores and below what a guess answering each class as
     often as FP32 does, whatever the input, scores (`unpaired`: FP32's figures against the labels shuffled across
-    rows, asked only then): why that is suspect (classification.below_chance) and whether it is beyond chance's reach,
+    rows, asked only then): why that is suspect (class_scores.below_chance) and whether it is beyond chance's reach,
     the 95 % interval (the report's) ending below both. Labels in another coding than the output's columns (ids
     shifted by one, data.classes in another order, binary labels inverted) make FP32 wrong on nearly every row, and a
     variant is then judged by its changes between wrong answers. An evaluation set whose labels lean to classes FP32
@@ -135,3 +145,62 @@ def check_labels_beat_chance(recipe: Recipe, outputs: Sequence[OutputChoice], ov
         f"{column}: {sure}, below the guess: FP32 is wrong on nearly every row, most likely labels in another coding "
         "than the output's columns (ids shifted by one, another class order, binary labels inverted), and every drop "
         "against them would count changes between wrong answers; expected labels in the output's class order"))  # fmt: skip
+
+
+def read_labels(
+    recipe: Recipe, task: Task, table: pd.DataFrame, rows: np.ndarray, outputs: list[OutputChoice]
+) -> np.ndarray | None:
+    """The label column(s) read and checked by the task (type, then against every evaluated output)."""
+    positions = np.asarray(rows)
+    values = label_cells(table, recipe.data, positions, recipe_file=recipe.source)  # None without labels
+    if values is None:
+        for choice in outputs:
+            reason = task.labels_needed(choice.meta)
+            if reason is not None:
+                raise RecipeError(recipe.source, "data.label", reason)
+        return None
+    try:
+        if recipe.data.classes is not None:
+            values = named_classes(recipe, task, values, outputs, positions)
+        else:
+            values = task.decode_label_names(values, [c.meta for c in outputs], positions)
+        labels = task.labels_from_values(values, positions)
+        for choice in outputs:
+            check_output_labels(recipe, task, labels, choice.meta, positions, len(outputs))
+    except LabelError as exc:
+        single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
+        column = recipe.data.label if single else ""
+        hint = text_cells_hint(table[column]) + unlabelled_hint(table, column, positions) if single else ""
+        raise label_error(recipe, exc, hint) from None
+    return labels
+
+
+def label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError:
+    """`exc` as the recipe's data.label error, naming its column(s)."""
+    columns = recipe.data.label_columns
+    named = f"column {columns[0]!r}" if isinstance(recipe.data.label, str) else f"columns {', '.join(columns)}"
+    return RecipeError(recipe.source, "data.label", f"{named}: {exc}{hint}")
+
+
+def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
+    """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
+    symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
+    same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
+    the task's check of the labels against the values FP32 gave on the rows it ran, whose labels are `labels`
+    (Task.check_labels_against_reference)."""
+    if prepared.labels is None:
+        return
+    task = get_task(prepared.recipe.task)
+    for choice in prepared.outputs:
+        values = outputs.get(choice.name)
+        meta = choice.meta
+        if values is None or meta.kind != "tensor":
+            continue
+        try:
+            if None in meta.shape[1:] or len(meta.shape) != np.ndim(values):
+                shown = replace(meta, shape=tuple(np.shape(values)))
+                check_output_labels(prepared.recipe, task, prepared.labels, shown, prepared.evaluation_rows,
+                                     len(prepared.outputs))  # fmt: skip
+            task.check_labels_against_reference(prepared.labels, meta, values, labels)
+        except LabelError as exc:
+            raise label_error(prepared.recipe, exc) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,10 +36,9 @@ from qbench.data import (
 )
 from qbench.data.content import content_table, numeric_dtypes
 from qbench.data.feeds import sequence_ids, text_feed_notes
-from qbench.data.labels import label_cells, unlabelled_hint
+from qbench.data.labels import label_cells
 from qbench.data.leakage import shared_rows, warn_shared
 from qbench.data.nonfinite import kept_nonfinite, qat_refuses_nonfinite
-from qbench.data.text_tables import text_cells_hint
 from qbench.errors import QbenchError, RecipeError
 from qbench.modelinfo.signature import ModelInfo, external_data_files, read_model_info
 from qbench.preflight.checks import (
@@ -55,7 +54,7 @@ from qbench.preflight.checks import (
     warn_unread_inputs,
     with_fixed_batch,
 )
-from qbench.preflight.labels import check_output_labels, named_classes
+from qbench.preflight.labels import read_labels
 from qbench.preflight.load import check_reference_loads
 from qbench.preflight.lookups import Lookup, check_lookup_indices, constant_lookups
 from qbench.preflight.precision import reduced_precision
@@ -71,8 +70,8 @@ from qbench.selection_rows import (
     selection_rows,
 )
 from qbench.sources import ModelSource, resolve_model
-from qbench.tasks import CustomMetric, LabelError, Task, get_task
-from qbench.tasks.classification import named_labels
+from qbench.tasks import CustomMetric, Task, get_task
+from qbench.tasks.class_scores import named_labels
 from qbench.tasks.custom import load_custom_metrics
 from qbench.tasks.selection import OutputChoice, choose_outputs
 from qbench.variants.base import TrainingData
@@ -205,7 +204,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
         logger.warning(note)
     _check_gate_metric(recipe, task, outputs)
     warn_unread_inputs(recipe, source.onnx_path, [c.name for c in outputs])
-    labels = _labels(recipe, task, table, eval_rows, outputs)
+    labels = read_labels(recipe, task, table, eval_rows, outputs)
     started = time.perf_counter()
     try:
         eval_feeds = build_feeds(table, eval_rows, data.inputs, model.inputs, recipe_file=recipe.source,
@@ -241,7 +240,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     calibration_rows = split.fitted
     judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=judged,
-                               model_inputs=model.inputs, labels=lambda t, rows: _labels(recipe, task, t, rows, outputs),
+                               model_inputs=model.inputs, labels=lambda t, rows: read_labels(recipe, task, t, rows, outputs),
                                recipe_file=recipe.source, unread=unread) if chooses_among_candidates(recipe) else None  # fmt: skip
     if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
@@ -376,64 +375,6 @@ def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) 
                 raise RecipeError(recipe.source, field, f"{metric!r} is not computed for output {choice.name!r}: {reason}")
 
 
-def _labels(
-    recipe: Recipe, task: Task, table: pd.DataFrame, rows: np.ndarray, outputs: list[OutputChoice]
-) -> np.ndarray | None:
-    """The label column(s) read and checked by the task (type, then against every evaluated output)."""
-    positions = np.asarray(rows)
-    values = label_cells(table, recipe.data, positions, recipe_file=recipe.source)  # None without labels
-    if values is None:
-        for choice in outputs:
-            reason = task.labels_needed(choice.meta)
-            if reason is not None:
-                raise RecipeError(recipe.source, "data.label", reason)
-        return None
-    try:
-        if recipe.data.classes is not None:
-            values = named_classes(recipe, task, values, outputs, positions)
-        else:
-            values = task.decode_label_names(values, [c.meta for c in outputs], positions)
-        labels = task.labels_from_values(values, positions)
-        for choice in outputs:
-            check_output_labels(recipe, task, labels, choice.meta, positions, len(outputs))
-    except LabelError as exc:
-        single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
-        column = recipe.data.label if single else ""
-        hint = text_cells_hint(table[column]) + unlabelled_hint(table, column, positions) if single else ""
-        raise _label_error(recipe, exc, hint) from None
-    return labels
-
-
-def _label_error(recipe: Recipe, exc: LabelError, hint: str = "") -> RecipeError:
-    columns = recipe.data.label_columns
-    named = f"column {columns[0]!r}" if isinstance(recipe.data.label, str) else f"columns {', '.join(columns)}"
-    return RecipeError(recipe.source, "data.label", f"{named}: {exc}{hint}")
-
-
-def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarray], labels: np.ndarray) -> None:
-    """Every evaluation label against the width FP32's `outputs` show, for the outputs whose graph leaves a dimension
-    symbolic (`["batch", "classes"]`): `prepare` could not check those, and a label beyond the classes is then the
-    same data.label error as with a static width, not a scoring failure naming neither the column nor the row. Then
-    the task's check of the labels against the values FP32 gave on the rows it ran, whose labels are `labels`
-    (Task.check_labels_against_reference)."""
-    if prepared.labels is None:
-        return
-    task = get_task(prepared.recipe.task)
-    for choice in prepared.outputs:
-        values = outputs.get(choice.name)
-        meta = choice.meta
-        if values is None or meta.kind != "tensor":
-            continue
-        try:
-            if None in meta.shape[1:] or len(meta.shape) != np.ndim(values):
-                shown = replace(meta, shape=tuple(np.shape(values)))
-                check_output_labels(prepared.recipe, task, prepared.labels, shown, prepared.evaluation_rows,
-                                     len(prepared.outputs))  # fmt: skip
-            task.check_labels_against_reference(prepared.labels, meta, values, labels)
-        except LabelError as exc:
-            raise _label_error(prepared.recipe, exc) from None
-
-
 def _finite_rows(
     recipe: Recipe, rows: np.ndarray, nonfinite: NonfiniteMasks, dropped: dict[str, dict[str, int]], what: str
 ) -> np.ndarray:
@@ -492,7 +433,7 @@ def _training(
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)
         check_finite(table, rows, nonfinite, slices, what=f"{spec.name} training", recipe_file=recipe.source)
         use_labels = spec.qat.loss == "label" and recipe.data.label is not None
-        labels = _labels(recipe, task, table, rows, outputs) if use_labels else None
+        labels = read_labels(recipe, task, table, rows, outputs) if use_labels else None
         feeds = build_feeds(table, rows, data.inputs, model.inputs, recipe_file=recipe.source)
         check_lookup_indices(recipe, lookups, feeds, rows, f"{spec.name} training")
         training[spec.name] = TrainingData(feeds=feeds, labels=labels, task=recipe.task, output_index=outputs[0].index,

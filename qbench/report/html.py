@@ -20,7 +20,8 @@ from qbench.files import write_atomically
 from qbench.frontier.pareto import gate_threshold
 from qbench.frontier.svg import CSS as PANEL_CSS
 from qbench.frontier.svg import backend_colours, batch_sizes, panel_svg
-from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, GateCheck, GateReport
+from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, GateReport
+from qbench.gate.metric_check import GateCheck
 from qbench.gate.report import check_line
 from qbench.recipe.spec import GateSpec
 from qbench.report.grid import compared, figure, to_html

@@ -10,11 +10,13 @@ import math
 from dataclasses import dataclass
 
 from qbench.frontier.pareto import timing_kinds
-from qbench.gate.evaluate import EXIT_UNUSABLE, GateCheck, GateReport, problem_owner
+from qbench.gate.evaluate import EXIT_UNUSABLE, GateReport, problem_owner
+from qbench.gate.metric_check import GateCheck
+from qbench.pricing import instances_at_rate, met_at_rate
 from qbench.report.grid import Grid, rate_within
 from qbench.results.schema import EMULATED, SweepResults, VariantResult
 from qbench.results.serving import ServingResult
-from qbench.slo import SLO_SCOPE, instances_at_rate, met_at_rate, p99_basis
+from qbench.slo import SLO_SCOPE, p99_basis
 from qbench.validate.catalogue import within
 from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 

@@ -26,7 +26,8 @@ from qbench.frontier.pareto import (
     speedup,
     speedup_contended,
 )
-from qbench.gate.evaluate import UNDER_MIN_SIZE, GateCheck, GateReport
+from qbench.gate.evaluate import GateReport
+from qbench.gate.metric_check import UNDER_MIN_SIZE, GateCheck
 from qbench.report.frontier import frontier_text
 from qbench.report.grid import (
     NONE,

@@ -23,7 +23,7 @@
                               instances, from ceil(rate / max_rate) up, at whose share of the rate the simulation
                               showed the p99 within budget (0: none of those tried; null: not needed or not swept)
       price_per_hour, usd_per_million {"b<batch>": ..., "max_rate": ..., "at_rate": ...} (at_rate: the budget's rate
-                              on the instances it takes (qbench.slo.instances_at_rate); with a rate budget only)
+                              on the instances it takes (qbench.pricing.instances_at_rate); with a rate budget only)
       bound BoundEstimate     compute-, memory- or overhead-bound, an estimate with its basis
     LoadStats: rate_rps, requests, p50_ms, p95_ms, p99_ms, mean_ms, mean_wait_ms, mean_batch_size, achieved_rps,
               overloaded, keep_up_undecided
@@ -103,7 +103,7 @@ def _float(value: Any) -> float | None:
 
 def _price(value: Any, where: str) -> float | None:
     """A recorded price per hour: null (none given) or a positive number, as a recipe's `cost:` takes; the costs are
-    computed from it when judged (qbench.slo.repriced), where 0 or a negative price would name a variant the cheapest."""
+    computed from it when judged (qbench.pricing.repriced), where 0 or a negative price would name a variant the cheapest."""
     price = _float(value)
     if price is not None and not (price > 0 and math.isfinite(price)):
         raise QbenchError(f"{where}: got {value!r}, expected a positive number (USD per hour) or null")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from qbench.gate.evaluate import GateCheck
+from qbench.gate.metric_check import GateCheck
 from qbench.results.schema import AccuracyResult
 from qbench.search.screen import scope_of
 from qbench.validate.catalogue import METRICS, drop, within

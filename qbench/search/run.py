@@ -41,7 +41,8 @@ from pathlib import Path
 from qbench.backends import Backend
 from qbench.errors import QbenchError, one_line
 from qbench.files import write_fault
-from qbench.gate.evaluate import GateReport, judge, too_small
+from qbench.gate.evaluate import GateReport, judge
+from qbench.gate.metric_check import too_small
 from qbench.gate.resolution import unresolved_pick
 from qbench.gate.tolerance import Tolerances, reference_tolerances, tolerances_by_metric
 from qbench.preflight.prepare import Prepared

@@ -76,7 +76,7 @@ class SweepOutcome:
 
 def run_sweep(
     recipe: Recipe | str | Path, *, track: bool = True, resume: bool = False, rerun_failed: bool = False,
-    keep_failed: frozenset[str] = frozenset(),
+    keep_failed: frozenset[str] = frozenset(), resume_run: Path | None = None,
 ) -> SweepOutcome:
     """Run the recipe's sweep end to end; returns the results, the gate verdict and where they were written.
 
@@ -87,6 +87,7 @@ def run_sweep(
     `rerun_failed` too, every job that run recorded as failed runs again, whatever the reason (a finished run with
     any failed job is taken up), but for the jobs in `keep_failed` (those the sweep's process died running during
     this command: the supervising `qbench` process's resume after a crash, qbench.supervisor, never runs them again).
+    `resume_run` (that resume's too): the run folder taken up, the crashed sweep's, rather than the newest of the plan.
     SIGINT/SIGTERM or a crash leave the run folder marked INCOMPLETE with results.json (complete: false)
     holding every variant finished so far and a record per finished job, and the MLflow runs ended
     KILLED or FAILED; an interruption is then a QbenchError (exit 2) saying where the partial results are.
@@ -96,14 +97,16 @@ def run_sweep(
     clock = PhaseClock()
     if rerun_failed and not resume:
         raise QbenchError("--rerun-failed applies with --resume (or --plan): it says which jobs a resume runs again")
+    if resume_run is not None and not resume:
+        raise QbenchError("--resume-run applies with --resume: it names the run folder a resume takes up")
     recipe = recipe if isinstance(recipe, Recipe) else load_recipe(recipe)
     with custom_metrics(recipe.custom_metrics()):  # this recipe's directions, whatever else was loaded since
         return _sweep(recipe, started, clock, track=track, resume=resume, rerun_failed=rerun_failed,
-                      keep_failed=keep_failed)
+                      keep_failed=keep_failed, resume_run=resume_run)
 
 
 def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, resume: bool, rerun_failed: bool,
-           keep_failed: frozenset[str]) -> SweepOutcome:  # fmt: skip
+           keep_failed: frozenset[str], resume_run: Path | None) -> SweepOutcome:  # fmt: skip
     mlflow_uri = None  # the MLflow store the sweep logs to
     if track:
         from qbench.track.uri import check_reachable, resolve_tracking_uri
@@ -115,7 +118,7 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             t = time.perf_counter()
             inputs = input_digests(recipe)  # before anything is read: what these results are made from
             plan = make_plan(recipe, inputs)
-            resume_from = _resumable(recipe, plan, rerun_failed) if resume else None
+            resume_from = _resumable(recipe, plan, rerun_failed, resume_run) if resume else None
             store = build_store(recipe)
 
             def snapshot() -> Snapshot:
@@ -177,9 +180,9 @@ def _check_reference_runs(prepared: Prepared) -> None:
             raise
 
 
-def _resumable(recipe: Recipe, plan: SweepPlan, rerun_failed: bool) -> Path | None:
-    """The run folder --resume takes up (qbench.execute.resume.resume_target)."""
-    run = resume_target(recipe.output_path / recipe.name, plan.fingerprint, rerun_failed=rerun_failed)
+def _resumable(recipe: Recipe, plan: SweepPlan, rerun_failed: bool, crashed: Path | None) -> Path | None:
+    """The run folder --resume takes up (qbench.execute.resume.resume_target): `crashed` where it names one."""
+    run = resume_target(recipe.output_path / recipe.name, plan.fingerprint, rerun_failed=rerun_failed, crashed=crashed)
     if run is None:
         logger.info("no interrupted run of this recipe with the same plan finished a job: only builds in the store "
                     "are reused")  # fmt: skip

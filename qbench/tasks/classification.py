@@ -12,7 +12,7 @@ are a list of one class id per token, and its metrics are per scored token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,14 @@ from qbench.tasks.class_labels import (
     plain_class_ids,
     text_class_ids,
 )
+from qbench.tasks.class_scores import (
+    ONE_COLUMN_CLASSES,
+    class_count,
+    column_classes,
+    listed_classes,
+    named_labels,
+    one_score_column,
+)
 from qbench.tasks.tokens import (
     TokenRows,
     any_token_list,
@@ -64,90 +72,6 @@ _STRUCTURED = ("structured outputs (detection boxes, masks, sequences) are not s
                "(task 'structured' judges them by your own metrics)")
 
 
-def named_labels(output: TensorMeta) -> bool:
-    """Whether `output` is a label tensor whose class table the graph states, read as positions there as the data's
-    labels are: strings, or integers that are no column numbers (-1 / +1; qbench.modelinfo)."""
-    return output.kind == "tensor" and output.dtype.kind in "Oiu" and output.class_keys is not None
-
-
-def class_count(output: TensorMeta) -> int | None:
-    """How many classes an output has, when the graph says (a static last dim, a ZipMap's keys, a label's table, a
-    boolean decision's two, an ArgMax's scores)."""
-    if output.kind == "tensor" and output.dtype.kind == "b":
-        return 2
-    if output.class_count is not None:
-        return output.class_count
-    if output.kind == "map" or named_labels(output):
-        return None if output.class_keys is None else len(output.class_keys)
-    if one_score_column(output):
-        return 2
-    if is_float(output) and output.shape and output.shape[-1] is not None:
-        return output.shape[-1]
-    return None
-
-
-def one_score_column(output: TensorMeta) -> bool:
-    """A binary classifier's single score per row, (rows, 1) or (rows,): the score of its second class, so it stands
-    for two classes (a rank-1 output's only dimension is its rows, whatever size it states)."""
-    if output.kind != "tensor" or not is_float(output):
-        return False
-    return len(output.shape) == 1 or (len(output.shape) > 1 and output.shape[-1] == 1)
-
-
-ONE_COLUMN_CLASSES = "a single score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']"
-
-
-def chance_accuracy(output: TensorMeta, labels: np.ndarray) -> float | None:
-    """The accuracy a uniform guess over `output`'s classes scores (1 / classes; the labels' distinct values where the
-    graph does not say how many), None with fewer than two."""
-    classes = class_count(output) or len(np.unique(labels))
-    return 1.0 / classes if classes >= 2 else None
-
-
-def below_chance(
-    accuracy: float, output: TensorMeta, labels: np.ndarray, named: Sequence[Any] | None = None,
-    unpaired: Callable[[], float] | None = None,
-) -> str | None:
-    """Why an FP32 accuracy below a uniform guess (1 / classes) is suspect, else None: a model that bad is more often
-    a label column read against the wrong score columns than a model anyone would ship. `named`: data.classes, whose
-    order is then the likelier culprit. `unpaired`: what a guess answering each class as often as FP32 does,
-    whatever the input, scores against these labels (asked only for an accuracy below the uniform guess: it shuffles
-    the labels and scores FP32 again); an accuracy not below it is no reading either."""
-    chance = chance_accuracy(output, labels)
-    if chance is None or not accuracy < chance:
-        return None
-    unpaired_rate = unpaired() if unpaired is not None else None
-    if unpaired_rate is not None and not accuracy < unpaired_rate:
-        return None
-    classes = round(1.0 / chance)
-    if named:
-        hint = f"check the order of data.classes ({_listed(named)}): it names each score column's class in column order"
-        if one_score_column(output):
-            hint += f"; {ONE_COLUMN_CLASSES}"
-    elif (stated := column_classes(output)) is not None:  # data.classes is refused beside a class table
-        hint = (f"the graph names its classes ({_listed(stated)}), so a number label is the position of its class "
-                f"there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
-    else:
-        hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
-    guess = "" if unpaired_rate is None else f" and a guess answering each class as often as FP32 does ({unpaired_rate:.4f})"
-    return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
-            f"({1.0 / classes:.4f}){guess}: {hint}")  # fmt: skip
-
-
-def column_classes(output: TensorMeta) -> tuple[int | str, ...] | None:
-    """The class each score column stands for, when that is not simply the column's number: a ZipMap's string or
-    negative integer keys (read in sorted order), a score tensor's class table (in column order). None: labels are
-    column ids."""
-    keys = output.class_keys
-    if keys is None:
-        return None
-    if output.kind == "map":  # non-negative integer keys are the matrix's columns already (qbench.validate.outputs)
-        if keys_are_columns(keys):
-            return None
-        return tuple(sorted(str(k) for k in keys)) if all(isinstance(k, str) for k in keys) else tuple(sorted(keys))
-    return None if tuple(keys) == tuple(range(len(keys))) else tuple(keys)
-
-
 def _positional_scores(output: TensorMeta, values: np.ndarray) -> bool:
     """Whether FP32's `values` of `output` are scores whose arg-max is a column number a row label is read as: a float
     (rows, columns) tensor of three or more columns, decided by its highest, whose graph names no class per column."""
@@ -159,10 +83,6 @@ def _negative(value: Any) -> bool:
     """Whether a label cell writes a negative number (a CSV's text "-1" too)."""
     number = as_number(value)
     return isinstance(number, (int, float, np.integer, np.floating)) and not isinstance(number, bool) and number < 0
-
-
-def _listed(classes: Sequence[Any]) -> str:
-    return ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else "")
 
 
 def _score_shape_problem(output: TensorMeta) -> str | None:
@@ -283,8 +203,8 @@ class Classification(Task):
         if other is not None:
             if not any(named_labels(o) for o, _ in stated):
                 return values  # score outputs that disagree on their classes: the values are judged as ids
-            raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({_listed(classes)}"
-                             f"; {_listed(other[1])}): expected one of them in model.outputs")  # fmt: skip
+            raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({listed_classes(classes)}"
+                             f"; {listed_classes(other[1])}): expected one of them in model.outputs")  # fmt: skip
         names = {k for k in classes if isinstance(k, str)}
         if len(names) == len(classes) and not any(
             isinstance(as_number(v), str) or class_key(v) in names for v in values
@@ -294,9 +214,9 @@ class Classification(Task):
         # classes '0', '1', '10', '2' (sorted as text) is class '2' (column 3), never column 2 ('10').
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
-            raise LabelError(f"output {named.name!r} scores the classes {_listed(classes)} by column, while output "
+            raise LabelError(f"output {named.name!r} scores the classes {listed_classes(classes)} by column, while output "
                              f"{ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
-        unknown = f"name classes the output {named.name!r} does not have (its classes: {_listed(classes)})"
+        unknown = f"name classes the output {named.name!r} does not have (its classes: {listed_classes(classes)})"
         return label_columns(values, classes, positions, unknown=unknown)
 
     def check_labels(self, labels: np.ndarray, output: TensorMeta, positions: np.ndarray) -> None:
@@ -340,7 +260,7 @@ class Classification(Task):
         given = np.unique(np.asarray(values).reshape(-1))
         if not np.isin(labels, given).any():
             raise LabelError(f"no label is a value FP32's output {output.name!r} gives (labels: "
-                             f"{_listed(np.unique(labels))}; output: {_listed(given)}): expected labels in the output's "
+                             f"{listed_classes(np.unique(labels))}; output: {listed_classes(given)}): expected labels in the output's "
                              "coding (its class ids, or the classes the model was trained on)")  # fmt: skip
 
     def output_rank(self, output: TensorMeta) -> int | None:

@@ -27,7 +27,7 @@ from qbench.results.schema import (
     VariantResult,
     non_default_session_options,
 )
-from qbench.slo import serving_metrics
+from qbench.serving import serving_metrics
 
 _DISALLOWED = re.compile(r"[^\w\-. :/]")  # MLflow keys: alphanumerics, _ - . space : /
 GATE_TAG = "qbench.gate"  # pass | breach | interrupted | unusable on the sweep; pass | fail | not gated on a variant

@@ -5,7 +5,7 @@
 At the measured throughput (back-to-back batches) this is the floor a saturated machine reaches;
 at the highest rate meeting the latency budget it is what serving within the SLO costs on instances each loaded to
 that rate; at the budget's own rate (`usd_per_million_at_rate`) it is what that traffic costs on the whole instances
-it needs, each paid for by the hour whether busy or not (how many: qbench.slo.instances_at_rate).
+it needs, each paid for by the hour whether busy or not (how many: qbench.pricing.instances_at_rate).
 """
 
 from __future__ import annotations

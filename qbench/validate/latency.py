@@ -284,7 +284,7 @@ def measure_batcher_samples(
 
     The runner must be warm (timed before). The load simulation charges every batch its gathering and a batch
     that starts on an idle model the idle time: the timer firing late, the gathering, and the runtime's parked
-    threads and cold caches (qbench.validate.load, qbench.slo.served_times).
+    threads and cold caches (qbench.validate.load, qbench.serving.served_times).
     """
     if iterations <= 0:
         raise QbenchError(f"iterations must be positive, got {iterations}")

@@ -11,7 +11,7 @@ its queue delay or for an arrival must first wake up (its timer fires late), gat
 and run on a runtime whose threads have parked. On a 2-core CPU that cost 0.1 to 0.15 ms per batch,
 several times a small model's back-to-back run (bench/serving_validation.py). A batch that starts the
 moment the previous one ends (the model was busy: the batcher never slept) is charged the back-to-back
-times (the sweep adds gathering the batch's rows to them: qbench.slo.served_times).
+times (the sweep adds gathering the batch's rows to them: qbench.serving.served_times).
 
 Why a simulation and not a real-time load test: on a small shared machine a threaded load
 generator measures its own scheduling noise. The sweep measures the model's service time per
@@ -71,7 +71,7 @@ class FixedServiceTime:
 class HostWork:
     """`service`'s times plus `per_row_ms` for each row of the batch: per-request work (pre-processing: tokenising,
     decoding) done on the CPUs the model runs on, which it takes from the model as the batch's requests come in, so
-    the model serves fewer requests a second (qbench.slo charges it where the backend runs the model on the host)."""
+    the model serves fewer requests a second (qbench.serving charges it where the backend runs the model on the host)."""
 
     service: ServiceTimes
     per_row_ms: float

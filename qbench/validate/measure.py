@@ -30,12 +30,12 @@ from qbench.data.nonfinite import MISSING_SLICE
 from qbench.data.text import token_padding
 from qbench.environment import timed_threads, timing_machine
 from qbench.errors import QbenchError, RecipeError, environment_cause
-from qbench.preflight.labels import check_labels_beat_chance
-from qbench.preflight.prepare import Prepared, check_labels_fit_outputs
+from qbench.preflight.labels import check_labels_beat_chance, check_labels_fit_outputs
+from qbench.preflight.prepare import Prepared
 from qbench.provenance import model_bytes, model_sha256
 from qbench.recipe.spec import LatencySpec
 from qbench.results.schema import AccuracyResult, LatencyResult, SliceMetrics, VariantResult
-from qbench.slo import idle_ms, server_for, serving_figures
+from qbench.serving import idle_ms, server_for, serving_figures
 from qbench.tasks.base import MetricError
 from qbench.tasks.selection import outputs_left_out, outputs_not_compared
 from qbench.validate import metrics
@@ -216,7 +216,7 @@ def measure(
     options = RunOptions(threads=threads, batch_sizes=tuple(sorted(set(batch_sizes))))
     t = time.perf_counter()
     # the sweep's MLflow logging, in its own process, idle from here on; the logging held since the last measurement
-    # runs beside this one's load simulation, which times nothing (qbench.slo), where there is one
+    # runs beside this one's load simulation, which times nothing (qbench.serving), where there is one
     simulates = timing is not None and serving and prepared.recipe.slo is not None
     settle_before_timing(keep_held=simulates)
     if clock is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qbench.errors import QbenchError
 from qbench.execute.records import (
     JOBS_FOLDER,
     PLAN_FILE,
@@ -22,9 +23,10 @@ from qbench.execute.records import (
     record_started,
     resumable_run,
 )
+from qbench.execute.resume import resume_target
 from qbench.results.evidence import RECORDED
 from qbench.results.schema import VariantResult, canonical_sha256
-from qbench.runs import INCOMPLETE_MARKER, new_run_dir
+from qbench.runs import INCOMPLETE_MARKER, RESULTS_FILE, new_run_dir
 
 REFERENCE = "measure:fp32@onnxruntime-cpu"
 
@@ -132,6 +134,32 @@ def test_a_run_whose_sweep_still_runs_on_this_host_is_not_taken_up(tmp_path: Pat
     assert resumable_run(tmp_path, "plan-a").path == running  # type: ignore[union-attr]
     assert "the sweep's process died while running it" in (read_records(running)[REFERENCE].died or "")
 
+
+
+def test_a_resume_after_a_crash_takes_up_the_crashed_run_whatever_newer_runs_of_the_plan_there_are(
+    tmp_path: Path,
+) -> None:
+    """Another sweep of the same recipe (a second CI job on the runner, a second terminal) wrote newer runs of the plan
+    while one crashed: the supervising process's `--resume` took up the newest of them, or refused as a finished
+    one's 'would change nothing', not the crashed run. Named (`crashed`), the crashed run is taken up; a run of
+    another plan is refused, naming it."""
+    crashed = _run(tmp_path)
+    _reference(crashed)
+    record_started(crashed, "measure:fp16@onnxruntime-cpu", 1)  # its process died running it
+    newer = _run(tmp_path)
+    record_build(newer, "build:fp32", 1, {"files": {}}, None)
+    assert resume_target(tmp_path, "plan-a") == newer  # `--resume` alone: the newest
+    assert resume_target(tmp_path, "plan-a", crashed=crashed) == crashed
+    finished = _run(tmp_path)
+    (finished / INCOMPLETE_MARKER).unlink()
+    (finished / RESULTS_FILE).write_text(json.dumps({"complete": True}))
+    with pytest.raises(QbenchError, match="resuming it would change nothing"):
+        resume_target(tmp_path, "plan-a")
+    assert resume_target(tmp_path, "plan-a", crashed=crashed) == crashed
+    other_plan = _run(tmp_path, fingerprint="plan-b")
+    record_build(other_plan, "build:fp32", 1, {"files": {}}, None)
+    with pytest.raises(QbenchError, match=f"cannot resume the crashed sweep's run {other_plan}: expected a run folder"):
+        resume_target(tmp_path, "plan-a", crashed=other_plan)
 
 
 def _rewritten(path: Path, drop: tuple[str, ...] = (), **fields: object) -> None:

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from probe_project import VARIANTS, probe_calls, write_probe_recipe
 
-from qbench.execute.records import JOBS_FOLDER, read_records
+from qbench.errors import QbenchError
+from qbench.execute.records import JOBS_FOLDER, PLAN_FILE, RESUMES, read_records
 from qbench.results.schema import SweepResults, read_results
+from qbench.runs import INCOMPLETE_MARKER, new_run_dir
 from qbench.supervisor import DIED_FILE
+from qbench.sweep.runner import run_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 FP16 = "measure:fp16@onnxruntime-cpu"
@@ -70,6 +75,47 @@ def test_a_crash_in_a_job_goes_on_with_the_other_jobs_and_fails_closed(
     assert rerun.returncode == 0, rerun.stderr  # the crash happened once: run again, fp16 is measured
     assert len(probe_calls(tmp_path)) - before == 2 * per_job  # the dry run, fp16: nothing else ran again
     assert {v.key: v.status for v in results_of(rerun).variants}["fp16@onnxruntime-cpu"] == "ok"
+
+
+def test_the_resume_after_a_crash_takes_up_the_crashed_run_though_another_sweep_of_the_recipe_wrote_a_newer_one(
+    user_project: Path, tmp_path: Path, local_figures: tuple[dict, int]
+) -> None:
+    """Another sweep of the same recipe ran meanwhile (a second CI job on the runner) and wrote a newer run of the plan,
+    interrupted where the crashed one was; the `qbench` command's resume after the crash took up "the newest resumable
+    run", that one, not the crashed sweep's, whose death it had recorded. It now takes up the crashed run."""
+    _, per_job = local_figures
+    assert per_job >= 2  # the crash below is inside fp16's measure job, after its first call
+    recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
+    first = 2 * per_job + 1  # fp16's measure job's first call (after the dry run and fp32)
+    (tmp_path / "hold_after").write_text(str(first - 1))  # held there while the other sweep's run is written
+    (tmp_path / "segv_at").write_text(str(first + 1))  # then its next call dies, once
+    env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "400"}
+    swept = subprocess.Popen([sys.executable, "-m", "qbench.cli", "sweep", str(recipe), "--no-track"], cwd=tmp_path,
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(probe_calls(tmp_path)) < first and swept.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(probe_calls(tmp_path)) == first, swept.communicate(timeout=60)
+        (crashed,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
+        # the other sweep's run, as far as it got (the same jobs), started later; its process ends with the crashed one
+        other = new_run_dir(crashed.parent, recipe)
+        shutil.copy(crashed / PLAN_FILE, other / PLAN_FILE)
+        shutil.copytree(crashed / JOBS_FOLDER, other / JOBS_FOLDER)
+        marker = json.loads((other / INCOMPLETE_MARKER).read_text())
+        marker["pid"] = json.loads((crashed / INCOMPLETE_MARKER).read_text())["pid"]
+        (other / INCOMPLETE_MARKER).write_text(json.dumps(marker))
+    finally:
+        (tmp_path / "hold_after").unlink()
+        stdout, stderr = swept.communicate(timeout=300)
+    assert swept.returncode == 2, stderr
+    resumed = Path(next(line for line in stderr.splitlines() if line.startswith("results: ")).split()[1]).parent
+    assert json.loads((resumed / PLAN_FILE).read_text())[RESUMES] == crashed.name
+    status = {v.key: (v.status, v.error) for v in read_results(resumed / "results.json").variants}
+    assert status["fp16@onnxruntime-cpu"] == ("failed", "the sweep's process died while running it: segmentation "
+                                                        "fault (SIGSEGV) inside a native library"), stdout  # fmt: skip
+    with pytest.raises(QbenchError, match="--resume-run applies with --resume: it names the run folder"):
+        run_sweep(recipe, track=False, resume_run=crashed)
 
 
 def test_a_crash_in_each_of_two_jobs_goes_on_twice_and_a_rerun_of_failed_jobs_keeps_one_that_died(

@@ -13,8 +13,9 @@ from dataclasses import replace
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.gate.evaluate import GateCheck, GateReport
+from qbench.gate.evaluate import GateReport
 from qbench.gate.junit import junit_xml
+from qbench.gate.metric_check import GateCheck
 from qbench.gate.report import (
     STEP_SUMMARY_LIMIT,
     append_step_summary,

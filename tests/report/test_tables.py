@@ -16,7 +16,8 @@ from sweep_factory import make_latency, make_sweep, make_variant
 
 import qbench.console
 from qbench.frontier.pareto import compute_frontier
-from qbench.gate.evaluate import GateCheck, GateReport
+from qbench.gate.evaluate import GateReport
+from qbench.gate.metric_check import GateCheck
 from qbench.report.tables import (
     SHOWN_PASSING_SLICES,
     SHOWN_SMALL_SLICES,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from qbench.gate.evaluate import GateCheck
+from qbench.gate.metric_check import GateCheck
 from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.search.certain import best_on_every_row, certain_failure
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from qbench.gate.evaluate import GateCheck, GateReport
+from qbench.gate.evaluate import GateReport
+from qbench.gate.metric_check import GateCheck
 from qbench.results.schema import AccuracyResult, SliceMetrics
 from qbench.results.search import CandidateRecord
 from qbench.search import run, select

@@ -12,7 +12,7 @@ from qbench.recipe.spec import GateSpec
 from qbench.results.schema import VariantResult
 from qbench.tasks import LabelError, get_task
 from qbench.tasks.class_labels import label_columns
-from qbench.tasks.classification import class_count
+from qbench.tasks.class_scores import class_count
 from qbench.validate import metrics
 from qbench.validate.accuracy import evaluate_accuracy
 
@@ -211,7 +211,7 @@ def test_a_binary_score_column_is_read_in_the_variant_as_in_fp32() -> None:
 
 
 def test_an_fp32_accuracy_below_a_uniform_guess_is_suspect() -> None:
-    from qbench.tasks.classification import below_chance
+    from qbench.tasks.class_scores import below_chance
 
     scores = TensorMeta("logits", np.dtype("float32"), (None, 4))
     labels = np.array([0, 1, 1, 2])
@@ -223,7 +223,7 @@ def test_an_fp32_accuracy_below_a_uniform_guess_is_suspect() -> None:
 
 
 def test_below_chance_with_data_classes_points_at_their_order() -> None:
-    from qbench.tasks.classification import below_chance
+    from qbench.tasks.class_scores import below_chance
 
     column = TensorMeta("prob", np.dtype("float32"), (None, 1))
     why = below_chance(0.14, column, np.array([0, 1, 1, 0]), ["yes", "no"])
@@ -235,7 +235,7 @@ def test_below_chance_with_data_classes_points_at_their_order() -> None:
 def test_below_chance_beside_the_graphs_class_table_points_at_it_not_at_data_classes() -> None:
     """scikit-learn's breast-cancer labels (0 malignant) against a model of string classes (benign, malignant): the
     hint named data.classes, which is refused beside a graph's own class table."""
-    from qbench.tasks.classification import below_chance
+    from qbench.tasks.class_scores import below_chance
 
     scores = TensorMeta("probabilities", np.dtype("float32"), (None, 2), class_keys=("benign", "malignant"))
     why = below_chance(0.0409, scores, np.array([0, 1, 1, 0]))

@@ -375,7 +375,8 @@ def test_nan_on_an_unscored_token_is_read_by_no_metric_nor_counted(side: str) ->
 def test_min_slice_size_counts_the_scored_tokens_a_token_mean_rests_on() -> None:
     """A slice of 40 rows holding 3 scored tokens: its kl_mean is a mean over 3 tokens, so min_slice_size 10 leaves
     it unjudged (it was judged as 40 rows), while the overall scope, on 23 tokens, is judged."""
-    from qbench.gate.evaluate import UNDER_MIN_SIZE, judge
+    from qbench.gate.evaluate import judge
+    from qbench.gate.metric_check import UNDER_MIN_SIZE
     from qbench.recipe.spec import GateSpec
     from qbench.results.schema import VariantResult
 

@@ -108,7 +108,7 @@ def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_besi
     recipe = make_fp16_project(tmp_path)
     raw = yaml.safe_load(recipe.read_text())
     raw["latency"]["iterations"] = 100  # the fewest an `slo:` budget is judged from
-    # 200 req/s: each variant's idle starts are timed after 6 ms of idle (qbench.slo.idle_ms), at 20 req/s after 50 ms
+    # 200 req/s: each variant's idle starts are timed after 6 ms of idle (qbench.serving.idle_ms), at 20 req/s after 50 ms
     raw["slo"] = {"p99_ms": 1000, "rate_rps": 200, "load": {"max_queue_delay_ms": 1, "requests": 200, "seed": 0}}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     logged, windows = swept_with_records(tmp_path, recipe)

@@ -106,7 +106,7 @@ def test_a_backend_with_a_large_per_call_cost_gets_no_rate_above_what_it_serves(
     more than a runner that takes SLEEP_MS per call can serve: 8 rows per call at most, 4,000 req/s. The rate
     reported comes from real runs, is at most that, and its real p99 met the budget; the simulation's is kept apart."""
     from qbench.recipe.spec import load_recipe
-    from qbench.slo import server_for, serving_figures
+    from qbench.serving import server_for, serving_figures
     from tests.recipe.test_spec import with_changes, write_recipe
 
     # a budget far above the runner's 2 ms: the rate is capped by what the server serves, not by how late a loaded
@@ -193,7 +193,7 @@ def test_the_real_server_serves_the_rows_the_timed_batches_hold_not_one_batch_of
     requests are those rows too (it served the 8 of the first batch only: a slice of slow rows outside them was never
     served for real, and the server's own work was never seen together with theirs)."""
     from qbench.recipe.spec import load_recipe
-    from qbench.slo import server_for
+    from qbench.serving import server_for
     from tests.recipe.test_spec import with_changes, write_recipe
 
     recipe = load_recipe(write_recipe(tmp_path, with_changes(
@@ -226,7 +226,7 @@ def test_a_padded_text_model_is_served_every_timed_row_each_batch_at_its_own_lon
     queries and long documents was served as one length, never as its traffic)."""
     from qbench.data.text import Padding
     from qbench.recipe.spec import load_recipe
-    from qbench.slo import server_for
+    from qbench.serving import server_for
     from tests.recipe.test_spec import with_changes, write_recipe
 
     lengths = [1 + (i * 7) % 16 for i in range(64)]
