@@ -186,11 +186,12 @@ def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> N
 
 
 @pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
-                                            ("narrowed when run", "Cast")])  # fmt: skip
+                                            ("narrowed when run", "Cast"), ("transposed, narrowed when run", "Cast")])  # fmt: skip
 def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
     """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to
     float16 and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the
-    reference's figures were called those of an FP32 model."""
+    reference's figures were called those of an FP32 model. A float32 weight transposed before it is narrowed (an
+    exporter's `w.T`) is the same weight: it went without the note too."""
     stored = numpy_helper.from_array(WEIGHT.astype(np.float16), "w_stored")
     nodes = [_widen("w_stored", "w", widen == "CastLike"), helper.make_node("MatMul", ["x", "w"], ["y"])]
     weights = [stored] if held == "initializer" else []
@@ -199,6 +200,10 @@ def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, w
     elif held == "narrowed when run":
         nodes.insert(0, helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16))
         weights = [numpy_helper.from_array(WEIGHT, "w_float")]
+    elif held == "transposed, narrowed when run":
+        nodes[:0] = [helper.make_node("Transpose", ["w_float_t"], ["w_float"], perm=[1, 0]),
+                     helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16)]
+        weights = [numpy_helper.from_array(np.ascontiguousarray(WEIGHT.T), "w_float_t")]
     model = _model(nodes, weights)
     expected = ROWS @ WEIGHT.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(_run(model, {"x": ROWS}), expected, rtol=1e-5)
