@@ -141,9 +141,11 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     types = value_types(model)
     for graph in _graphs(model.graph):
         stored = {t.name: t.data_type for t in _stored_tensors(graph)}
-        # a float weight narrowed to 16 bits when the model runs (transposed or reshaped first or not: `w.T`) is held
-        # in that type too
-        floats = _reshaped(graph, {name for name, kind in stored.items() if kind in (1, 11)})
+        # a float weight narrowed to 16 bits when the model runs (transposed or reshaped first or not: `w.T`, never
+        # rows gathered by a fed index: an activation) is held in that type too
+        constants = _constants(graph)
+        floats = {name for name in _reshaped(graph, {name for name, kind in stored.items() if kind in (1, 11)})
+                  if name in constants}  # fmt: skip
         for node in graph.node:
             if _cast_to(node, types) in (10, 16) and node.input and node.input[0] in floats:
                 stored[node.output[0]] = _cast_to(node, types)

@@ -16,7 +16,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli.app import main
-from qbench.preflight.precision import reduced_precision, stored_weights
+from qbench.preflight.precision import reduced_precision, rounded_activations, stored_weights
 
 K, N, BLOCK = 32, 3, 16
 WEIGHT = np.random.default_rng(0).normal(size=(K, N)).astype(np.float32)
@@ -275,3 +275,16 @@ def test_a_weight_with_a_subnormal_value_is_judged_without_numpy_warnings() -> N
     assert w[0, 1] > 0  # the subnormal survives float32
     model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
     assert reduced_precision(model) is None
+
+
+def test_embedding_rows_gathered_then_rounded_are_an_activation_not_a_stored_weight() -> None:
+    """A float32 table's rows gathered by the fed ids and rounded to float16 and back: the rounding is of an
+    activation (rounded_activations says so), not of a weight stored in 16 bits, though the table is a weight."""
+    table = numpy_helper.from_array(WEIGHT, "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"]),
+             helper.make_node("Cast", ["rows"], ["rows_half"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["rows_half"], ["y"], to=TensorProto.FLOAT)]  # fmt: skip
+    model = _model(nodes, [table], [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])])
+
+    assert stored_weights(model) is None
+    assert rounded_activations(model).startswith("rounds 1 activation to float16 (Cast)")
