@@ -1,8 +1,8 @@
 """The reference must compute in FP32: every variant is built from it and judged against it.
 
 A model that is already INT8 (QOperator QLinear* nodes, MatMulInteger/ConvInteger, DynamicQuantizeLinear, or
-Quantize/DequantizeLinear on activations, not a DequantizeLinear of a graph input, which decodes the integers the
-caller feeds) or FP16/BF16 (nodes computing on such tensors, or such graph inputs and
+Quantize/DequantizeLinear on activations, not a DequantizeLinear of a graph input, transposed or reshaped or not,
+which decodes the integers the caller feeds) or FP16/BF16 (nodes computing on such tensors, or such graph inputs and
 outputs) would be read as "FP32": variants would be "identical to FP32", some builders would write invalid graphs,
 and a gate could pass having compared the model with itself. What decides is what the graph computes in, so a
 FP32 graph storing weights in a smaller type (a bfloat16 initializer cast to float, an INT8 weight dequantized
@@ -71,7 +71,8 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
     QLinearMatMul, 3 DequantizeLinear nodes' or 'computes in float16: 8 MatMul, ...'; None for an FP32 model."""
     types = value_types(model)
     constants = _constants(model.graph)
-    fed = {value.name for value in model.graph.input} - constants
+    # the data fed, rearranged or not (a Transpose of NHWC pixels): a DequantizeLinear of it decodes what is fed
+    fed = set(_reshaped(model.graph, {value.name for value in model.graph.input} - constants))
     integer: Counter[str] = Counter()
     weight_only: Counter[str] = Counter()
     weight_types: set[str] = set()
@@ -90,7 +91,8 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
         elif op in _QDQ_OPS and node.input and node.input[0] not in graph_constants \
                 and not (op == "DequantizeLinear" and node.input[0] in fed):  # fmt: skip
             # on activations; a DequantizeLinear of a stored weight computes nothing at run time, and one of a graph
-            # input decodes the data the caller feeds (uint8 pixels to float): every variant is fed the same
+            # input, or of one only reshaped or transposed, decodes the data the caller feeds (uint8 pixels to float):
+            # every variant is fed the same
             integer[op] += 1
         elif (rounded := _rounded_activation(node, types, graph_constants)) in _LOW_BIT:
             low_bit[op] += 1  # an 8-bit float round trip on activations is their quantization, as Q/DQ on them is
@@ -139,8 +141,13 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     types = value_types(model)
     for graph in _graphs(model.graph):
         stored = {t.name: t.data_type for t in _stored_tensors(graph)}
-        for node in graph.node:  # a float weight narrowed to 16 bits when the model runs is held in that type too
-            if _cast_to(node, types) in (10, 16) and node.input and stored.get(node.input[0]) in (1, 11):
+        # a float weight narrowed to 16 bits when the model runs (transposed or reshaped first or not: `w.T`, never
+        # rows gathered by a fed index: an activation) is held in that type too
+        constants = _constants(graph)
+        floats = {name for name in _reshaped(graph, {name for name, kind in stored.items() if kind in (1, 11)})
+                  if name in constants}  # fmt: skip
+        for node in graph.node:
+            if _cast_to(node, types) in (10, 16) and node.input and node.input[0] in floats:
                 stored[node.output[0]] = _cast_to(node, types)
         origin = _reshaped(graph, {name for name, kind in stored.items() if kind in _DEQUANTIZED})
         for node in graph.node:

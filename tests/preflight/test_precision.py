@@ -371,3 +371,27 @@ def test_a_dequantized_graph_input_is_the_data_fed_not_a_quantized_model() -> No
     assert reduced_precision(model(TensorProto.UINT8, quantize=False)) is None
     assert reduced_precision(model(TensorProto.FLOAT, quantize=True)) == (
         "the model is already quantized: 1 DequantizeLinear, 1 QuantizeLinear nodes")
+
+
+@pytest.mark.parametrize("rearranged", [
+    helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+    helper.make_node("Flatten", ["x"], ["xt"], axis=1),
+])  # fmt: skip
+def test_a_graph_input_rearranged_before_it_is_dequantized_is_still_the_data_fed(rearranged: onnx.NodeProto) -> None:
+    """uint8 pixels transposed (NHWC to NCHW, as a converter writes it) or flattened before their DequantizeLinear were
+    refused as 'already quantized: 1 DequantizeLinear node', where the same DequantizeLinear straight on the input was
+    accepted: a storage op computes nothing, so what is decoded is still the data fed."""
+    rng = np.random.default_rng(0)
+    weights = [numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
+               numpy_helper.from_array(np.array(1 / 16, np.float32), "x_scale"),
+               numpy_helper.from_array(np.array(128, np.uint8), "x_zero")]  # fmt: skip
+    flat = rearranged.op_type == "Flatten"
+    nodes = [rearranged, helper.make_node("DequantizeLinear", ["xt", "x_scale", "x_zero"], ["xf"]),
+             helper.make_node("MatMul", ["xf", "w"], ["logits"])]  # fmt: skip
+    fed = helper.make_tensor_value_info("x", TensorProto.UINT8, ["batch", 2, 2] if flat else ["batch", 4, 2])
+    out = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3] if flat else ["batch", 2, 3])
+    model = helper.make_model(helper.make_graph(nodes, "decoded", [fed], [out], weights),
+                              opset_imports=[helper.make_opsetid("", 21)], ir_version=10)  # fmt: skip
+    onnx.checker.check_model(model, full_check=True)
+
+    assert reduced_precision(model) is None

@@ -16,7 +16,7 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.cli.app import main
-from qbench.preflight.precision import reduced_precision, stored_weights
+from qbench.preflight.precision import reduced_precision, rounded_activations, stored_weights
 
 K, N, BLOCK = 32, 3, 16
 WEIGHT = np.random.default_rng(0).normal(size=(K, N)).astype(np.float32)
@@ -186,11 +186,12 @@ def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> N
 
 
 @pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
-                                            ("narrowed when run", "Cast")])  # fmt: skip
+                                            ("narrowed when run", "Cast"), ("transposed, narrowed when run", "Cast")])  # fmt: skip
 def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
     """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to
     float16 and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the
-    reference's figures were called those of an FP32 model."""
+    reference's figures were called those of an FP32 model. A float32 weight transposed before it is narrowed (an
+    exporter's `w.T`) is the same weight: it went without the note too."""
     stored = numpy_helper.from_array(WEIGHT.astype(np.float16), "w_stored")
     nodes = [_widen("w_stored", "w", widen == "CastLike"), helper.make_node("MatMul", ["x", "w"], ["y"])]
     weights = [stored] if held == "initializer" else []
@@ -199,6 +200,10 @@ def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, w
     elif held == "narrowed when run":
         nodes.insert(0, helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16))
         weights = [numpy_helper.from_array(WEIGHT, "w_float")]
+    elif held == "transposed, narrowed when run":
+        nodes[:0] = [helper.make_node("Transpose", ["w_float_t"], ["w_float"], perm=[1, 0]),
+                     helper.make_node("Cast", ["w_float"], ["w_stored"], to=TensorProto.FLOAT16)]
+        weights = [numpy_helper.from_array(np.ascontiguousarray(WEIGHT.T), "w_float_t")]
     model = _model(nodes, weights)
     expected = ROWS @ WEIGHT.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(_run(model, {"x": ROWS}), expected, rtol=1e-5)
@@ -270,3 +275,16 @@ def test_a_weight_with_a_subnormal_value_is_judged_without_numpy_warnings() -> N
     assert w[0, 1] > 0  # the subnormal survives float32
     model = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [numpy_helper.from_array(w, "w")])
     assert reduced_precision(model) is None
+
+
+def test_embedding_rows_gathered_then_rounded_are_an_activation_not_a_stored_weight() -> None:
+    """A float32 table's rows gathered by the fed ids and rounded to float16 and back: the rounding is of an
+    activation (rounded_activations says so), not of a weight stored in 16 bits, though the table is a weight."""
+    table = numpy_helper.from_array(WEIGHT, "table")
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"]),
+             helper.make_node("Cast", ["rows"], ["rows_half"], to=TensorProto.FLOAT16),
+             helper.make_node("Cast", ["rows_half"], ["y"], to=TensorProto.FLOAT)]  # fmt: skip
+    model = _model(nodes, [table], [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch"])])
+
+    assert stored_weights(model) is None
+    assert rounded_activations(model).startswith("rounds 1 activation to float16 (Cast)")

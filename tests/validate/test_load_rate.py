@@ -4,11 +4,12 @@ the search's rule, confirmed on more requests, never the p99 of one short replay
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from test_load import D_MS, md1_p99_response_ms
 
 from qbench.validate.load import Batcher, Draws, FixedServiceTime, LoadReplay, MeasuredServiceTimes
 from qbench.validate.load_search import judge_rate
-from qbench.validate.tail import Verdict
+from qbench.validate.tail import TailBound, Verdict
 
 SEEDS = range(10)
 BUDGET_MS = md1_p99_response_ms(0.9 / D_MS, D_MS)  # M/D/1's p99 at 450 of its 500 req/s: 45.8 ms
@@ -55,3 +56,30 @@ def test_a_replay_on_more_requests_is_independent_of_the_first_where_asked():
     independent = replay.with_requests(20_000, independent=True).draws.unit_gaps
     assert independent.size == 20_000 and not np.any(independent[:5000] == first)
     assert np.array_equal(replay.with_requests(20_000, independent=True).draws.unit_gaps, independent)  # reproducible
+
+
+@pytest.mark.parametrize(("first", "last"), [(Verdict.FAIL, Verdict.PASS), (Verdict.PASS, Verdict.FAIL)])
+def test_two_independent_replays_that_contradict_each_other_decide_nothing(monkeypatch, first, last):
+    """A replay over the budget, then one on 4x the requests within it (or the reverse), each by its confidence bound:
+    at the most requests allowed the last one's verdict stood, so a rate over its budget was passed (3,950 req/s of
+    the batch 1/8/32 model, 1 of 40 seeds). The bounds are given, so that only the rule is tested."""
+    bounds = {Verdict.PASS: TailBound(0.001, 0.005, 100, 0.0), Verdict.FAIL: TailBound(0.05, 0.08, 100, 0.03)}
+    given = iter([bounds[first], bounds[last]])
+    real = LoadReplay.within
+    monkeypatch.setattr(LoadReplay, "within", lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
+    replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(1000, 0))
+
+    stats, verdict = judge_rate(replay, 100.0, BUDGET_MS, max_requests=4000)
+
+    assert verdict is Verdict.UNDECIDED and stats.requests == 4000
+    assert next(given, None) is None  # both replays ran, no third
+
+
+def test_replays_that_end_unconfirmed_without_contradiction_keep_the_last_verdict(monkeypatch):
+    """Undecided on 1,000 requests, a pass on 4,000 (the most allowed): nothing contradicts the pass, so it stands."""
+    given = iter([TailBound(0.009, 0.02, 100, 0.0), TailBound(0.001, 0.005, 100, 0.0)])
+    real = LoadReplay.within
+    monkeypatch.setattr(LoadReplay, "within", lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
+    replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(1000, 0))
+
+    assert judge_rate(replay, 100.0, BUDGET_MS, max_requests=4000)[1] is Verdict.PASS
