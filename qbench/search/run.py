@@ -52,7 +52,7 @@ from qbench.recipe.search import SearchSpec
 from qbench.recipe.spec import LatencySpec
 from qbench.results.search import CandidateRecord, SearchReport
 from qbench.search import select
-from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, UNTIMED_SCREEN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.certain import certain_failure
 from qbench.search.keep_float import KeepFloatStage
@@ -149,7 +149,8 @@ class _Search(KeepFloatStage):
         self.candidates.append(candidate)
         record = CandidateRecord(candidate.label, candidate.technique, dict(candidate.options), candidate.keep_float)
         self.records.append(record)
-        predicted = self.budget.screening_cost(candidate.technique)
+        twin_of = self._timed_base(candidate)
+        predicted = self.budget.screening_cost(candidate.technique, timed=twin_of is None)
         if (why := self.refusal(f"screening {candidate.label}", predicted)) is not None:
             self.records[index] = record.with_(stage="skipped", verdict=f"not tried: {why}")
             return index
@@ -183,8 +184,9 @@ class _Search(KeepFloatStage):
             return index
         self.digests[digest] = index
         self.built[index] = built
-        timed_as = self._timed_twin_base(candidate, built)
-        with self.budget.timing(SCREEN):
+        same = twin_of is not None and kernels_digest(built.onnx_path) == kernels_digest(self.built[twin_of].onnx_path)
+        timed_as = twin_of if same else None
+        with self.budget.timing(SCREEN if timed_as is None else UNTIMED_SCREEN):
             measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
                                timing=self.timing if timed_as is None else None, quiet=True, clock=self.clock)  # fmt: skip
             if measured.result.status != "ok":
@@ -208,17 +210,13 @@ class _Search(KeepFloatStage):
         logger.info(progress_line(self.records[index], self.gate.metric, screened_rows=self.screen.count))
         return index
 
-    def _timed_twin_base(self, candidate: Candidate, built: BuiltVariant) -> int | None:
-        """The timed candidate `candidate` (built as `built`) is the reduce_range twin of, when `built` runs its
-        kernels; None otherwise."""
+    def _timed_base(self, candidate: Candidate) -> int | None:
+        """The built and timed candidate `candidate` is the reduce_range twin of (None: none)."""
         if not candidate.options.get("reduce_range"):
             return None
         base = Candidate(candidate.technique, {**candidate.options, "reduce_range": False}, candidate.keep_float)
         index = next((i for i, c in enumerate(self.candidates) if c == base and i in self.built), None)
-        if index is None or self.records[index].speedup is None:
-            return None
-        same = kernels_digest(built.onnx_path) == kernels_digest(self.built[index].onnx_path)
-        return index if same else None
+        return index if index is not None and self.records[index].speedup is not None else None
 
     def _speed(self, p50: dict[int, float]) -> tuple[float, dict[str, float]]:
         """A candidate timed at `p50`: its speed-up over FP32 timed again now, and by batch size."""
