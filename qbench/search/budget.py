@@ -30,6 +30,7 @@ from qbench.search.retime import RETIME_ROUNDS
 EVALUATE = "evaluate"  # a candidate run on every selection row and judged, its rows independent of their batch
 EVALUATE_BATCHED = "evaluate, rows following their batch"  # ...its rows also judged as served: more runs
 SCREEN = "screen"  # a built candidate measured on the screening rows, then FP32 timed again beside it
+UNTIMED_SCREEN = "screen, untimed"  # ...scored only: a reduce_range twin running its timed base's kernels
 TIMED_RUN = "timed run"  # one model's timed runs on the screening rows, unscored: a re-timing round holds one per model
 RANKING = "ranking"  # the per-layer noise of a static build on the screening rows (keep-float candidates)
 
@@ -120,8 +121,13 @@ class Budget:
         """`rounds` interleaved re-timing rounds of `finalists` candidates and FP32, one model's timed runs each."""
         return rounds * (finalists + 1) * self.cost(TIMED_RUN)
 
-    def screening_cost(self, technique: str) -> float:
-        return self.build_cost(technique) + self.cost(SCREEN)
+    def screening_cost(self, technique: str, *, timed: bool = True) -> float:
+        """Building and screening a candidate of `technique`; `timed=False`: one scored but not timed (a reduce_range
+        twin running its base's kernels), predicted from such screens, else from a timed one less FP32's timed run."""
+        if timed:
+            return self.build_cost(technique) + self.cost(SCREEN)
+        untimed = self.costs.get(UNTIMED_SCREEN)
+        return self.build_cost(technique) + (max(untimed) if untimed else max(self.cost(SCREEN) - self.cost(TIMED_RUN), 0.0))
 
     def reserve(self, records: Sequence[CandidateRecord], evaluating: int | None = None) -> float:
         """What must still run after a step: the finalists' first re-timing rounds (one finalist more than pass now:

@@ -11,7 +11,8 @@ rule, qbench.variants.float_rules.DEFAULT_RULES): no candidate rounds real atten
 
 Families without activation calibration come first (cheapest to build). Each base candidate has a
 reduce_range twin (7-bit weights: on CPUs without VNNI it avoids u8s8 saturation but costs a bit of
-accuracy); it runs the same kernels, so it is only tried when its base did not pass. A keep-float
+accuracy); it runs the same kernels, so it is only tried when its base did not pass, and its screen takes the
+base's speed-up where its graph shows those kernels (qbench.search.run). A keep-float
 candidate is any of these with nodes named by the sensitivity ranking left in floating point
 (`exclude_nodes`).
 """

@@ -8,7 +8,8 @@
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first, one whose screen only
    came near the gate after those clearing it at a similar speed (select.evaluation_order); once one passes, only
    candidates that could still be faster are evaluated. One whose screening rows already make failing on every row
-   certain (qbench.search.certain) is not evaluated. Then the reduce_range twins of the bases that did not pass.
+   certain (qbench.search.certain) is not evaluated. Then the reduce_range twins of the bases that did not pass (a
+   twin running its base's kernels is scored on the screen but not timed: it takes the base's speed-up).
 3. Keep float: when a failing candidate may still beat every passing one (or none passes), the quantized nodes are
    ranked by the noise each causes at the outputs on the screening rows (qbench.search.ranking) and the fastest such
    failing candidates are rebuilt with the top 1, 2, 4, ... nodes in floating point (up to `max_keep_float`, never
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import shutil
 import time
 from collections.abc import Callable
@@ -50,7 +52,7 @@ from qbench.recipe.search import SearchSpec
 from qbench.recipe.spec import LatencySpec
 from qbench.results.search import CandidateRecord, SearchReport
 from qbench.search import select
-from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, UNTIMED_SCREEN, Budget, build_kind
 from qbench.search.candidates import Candidate, catalogue
 from qbench.search.certain import certain_failure
 from qbench.search.keep_float import KeepFloatStage
@@ -72,7 +74,7 @@ from qbench.validate.clock import PhaseClock
 from qbench.validate.measure import Measured, Rows, describe_error, measure
 from qbench.variants import BuildContext, BuiltVariant, build_variant
 from qbench.variants.base import unranged_reason
-from qbench.variants.onnx_utils import graph_digest
+from qbench.variants.onnx_utils import graph_digest, kernels_digest
 from qbench.variants.smoothquant import REPORT_KEYS as SMOOTHING_KEYS
 
 CLOSEST_EVALUATIONS = 3  # unevaluated closest candidates evaluated in full when none passed
@@ -141,12 +143,15 @@ class _Search(KeepFloatStage):
     # -- one candidate: build, screen, evaluate -----------------------------------------------------
 
     def screen_candidate(self, candidate: Candidate) -> int:
-        """Build `candidate` and measure it on the screening rows; returns its index."""
+        """Build `candidate` and measure it on the screening rows; returns its index. A reduce_range twin whose build
+        runs its base's kernels (`kernels_digest`) takes the base's speed-up instead of being timed, with FP32 again
+        beside it: the same kernels run at the same speed (the two timings were a third of a twin's screen)."""
         index = len(self.records)
         self.candidates.append(candidate)
         record = CandidateRecord(candidate.label, candidate.technique, dict(candidate.options), candidate.keep_float)
         self.records.append(record)
-        predicted = self.budget.screening_cost(candidate.technique)
+        twin_of = self._timed_base(candidate)
+        predicted = self.budget.screening_cost(candidate.technique, timed=twin_of is None)
         if (why := self.refusal(f"screening {candidate.label}", predicted)) is not None:
             self.records[index] = record.with_(stage="skipped", verdict=f"not tried: {why}")
             return index
@@ -181,30 +186,49 @@ class _Search(KeepFloatStage):
             return index
         self.digests[digest] = index
         self.built[index] = built
-        with self.budget.timing(SCREEN):
-            measured = measure(self.backend, built, self.prepared, rows=self.screen,
-                               reference=self.fp32_screen.reference, timing=self.timing, quiet=True, clock=self.clock)
+        same = twin_of is not None and kernels_digest(built.onnx_path) == kernels_digest(self.built[twin_of].onnx_path)
+        timed_as = twin_of if same else None
+        with self.budget.timing(SCREEN if timed_as is None else UNTIMED_SCREEN):
+            measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
+                               timing=self.timing if timed_as is None else None, quiet=True, clock=self.clock)  # fmt: skip
             if measured.result.status != "ok":
                 self.records[index] = record
                 self._failed_to_run(index, measured.result.error)
                 return index
             self.screened.keep(index, measured)
             self.follows_batch[index] = not measured.rows_independent
-            p50, fp32_p50 = p50s(measured.result), self._fp32_p50_now()
+            speed = self._speed_of(timed_as) if timed_as is not None else self._speed(p50s(measured.result))
         verdict = judge(self.fp32_screen.result, measured.result, self.gate, self.gated_tolerances(),
                         self.screen.distinct_inputs)  # fmt: skip
         promise = screen_excess(verdict, measured.result, self.fp32.result.accuracy)
         certain = self._certain_failure(verdict, measured)
         said = "promising" if promise <= select.SCREEN_SLACK else "not promising"
+        said += f"; timed as {self.records[timed_as].label} (the same kernels)" if timed_as is not None else ""
         self.records[index] = record.with_(
-            stage="screened", speedup=select.speedup(fp32_p50, p50), nsr=measured.nsr,
-            speedups=select.per_batch(fp32_p50, p50),
+            stage="screened", speedup=speed[0], speedups=speed[1], nsr=measured.nsr,
             screen_metric=overall_metric(measured.result, self.gate.metric), screen_drop=overall_drop(verdict),
             screen_excess=promise, failure_certain=certain,
             verdict=one_line(f"screened: not evaluated, {certain}", VERDICT_CHARS) if certain else f"screened: {said}",
         )  # fmt: skip
         logger.info(progress_line(self.records[index], self.gate.metric, screened_rows=self.screen.count))
         return index
+
+    def _timed_base(self, candidate: Candidate) -> int | None:
+        """The built and timed candidate `candidate` is the reduce_range twin of (None: none)."""
+        if not candidate.options.get("reduce_range"):
+            return None
+        base = Candidate(candidate.technique, {**candidate.options, "reduce_range": False}, candidate.keep_float)
+        index = next((i for i, c in enumerate(self.candidates) if c == base and i in self.built), None)
+        return index if index is not None and self.records[index].speedup is not None else None
+
+    def _speed(self, p50: dict[int, float]) -> tuple[float, dict[str, float]]:
+        """A candidate timed at `p50`: its speed-up over FP32 timed again now, and by batch size."""
+        fp32_p50 = self._fp32_p50_now()
+        return select.speedup(fp32_p50, p50), select.per_batch(fp32_p50, p50)
+
+    def _speed_of(self, index: int) -> tuple[float, dict[str, float]]:
+        record = self.records[index]
+        return record.speedup if record.speedup is not None else math.nan, dict(record.speedups)
 
     def _certain_failure(self, verdict: GateReport, screened: Measured) -> str | None:
         """Why the screen makes failing on every row certain (search.certain), where its outputs are those the full

@@ -420,6 +420,18 @@ def graph_digest(path: Path) -> str:
     and its external-data files keep their identity, size and modification time and were last written well before
     (qbench.digests.file_key): the INT8 search and the sweep's plan each digest the FP32 model, which parses it whole.
     """
+    return _digests(path)[0]
+
+
+def kernels_digest(path: Path) -> str:
+    """`graph_digest` without the values of initializers other than int64 ones (shapes, axes, indices), each kept
+    only as whether it is all zeros (a zero point of 0 may take another kernel path): two models with the same one
+    differ at most in their weights, scales and zero points, as a quantized model and its reduce_range twin do."""
+    return _digests(path)[1]
+
+
+def _digests(path: Path) -> tuple[str, str]:
+    """`graph_digest` and `kernels_digest` of `path`, from one parse, remembered as `graph_digest` says."""
     from qbench.digests import file_key
     from qbench.provenance import external_data_locations
 
@@ -427,18 +439,18 @@ def graph_digest(path: Path) -> str:
     key = tuple(k for k, _ in keys)
     if key in _GRAPH_DIGESTS:
         return _GRAPH_DIGESTS[key]
-    digest = _graph_digest(path)
+    digests = _graph_digests(path)
     if all(settled for _, settled in keys):
         if len(_GRAPH_DIGESTS) >= 64:
             _GRAPH_DIGESTS.clear()
-        _GRAPH_DIGESTS[key] = digest
-    return digest
+        _GRAPH_DIGESTS[key] = digests
+    return digests
 
 
-_GRAPH_DIGESTS: dict[tuple[Any, ...], str] = {}
+_GRAPH_DIGESTS: dict[tuple[Any, ...], tuple[str, str]] = {}
 
 
-def _graph_digest(path: Path) -> str:
+def _graph_digests(path: Path) -> tuple[str, str]:
     model = load_model(path)
     digest = hashlib.sha256()
     for opset in sorted((o.domain, o.version) for o in model.opset_import):
@@ -451,10 +463,14 @@ def _graph_digest(path: Path) -> str:
         stripped.CopyFrom(node)
         stripped.name, stripped.doc_string = "", ""
         digest.update(stripped.SerializeToString(deterministic=True))
+    kernels = digest.copy()
     for tensor in sorted(graph.initializer, key=lambda t: t.name):
         array = onnx.numpy_helper.to_array(tensor)
-        digest.update(f"{tensor.name}:{array.dtype}:{array.shape}".encode() + _value_bytes(array))
-    return digest.hexdigest()
+        described = f"{tensor.name}:{array.dtype}:{array.shape}".encode()
+        digest.update(described + _value_bytes(array))
+        shaping = array.dtype == np.int64 or array.dtype == object
+        kernels.update(described + (_value_bytes(array) if shaping else bytes([not np.any(array)])))
+    return digest.hexdigest(), kernels.hexdigest()
 
 
 def _value_bytes(array: np.ndarray) -> bytes:

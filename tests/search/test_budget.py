@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from qbench.results.search import CandidateRecord
-from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, Budget, build_kind
+from qbench.search.budget import EVALUATE, EVALUATE_BATCHED, SCREEN, TIMED_RUN, UNTIMED_SCREEN, Budget, build_kind
 from qbench.search.retime import RETIME_ROUNDS
 
 
@@ -33,6 +33,20 @@ def test_a_kind_is_predicted_by_its_longest_step_else_by_fp32s_measurements():
             clock.seconds += seconds
     assert budget.cost(EVALUATE) == 7.0  # measured: the seed no longer counts
     assert budget.cost("never measured") == 0.0
+
+
+def test_an_untimed_screen_is_predicted_without_fp32s_timed_run_then_from_its_own_kind():
+    """A reduce_range twin running its base's kernels is scored, not timed, and FP32 is not timed beside it: predicted
+    as a timed screen it was refused for want of time it would not have taken."""
+    budget, clock = _budget()
+    for kind, seconds in ((build_kind("ort-dynamic"), 5.0), (SCREEN, 20.0), (TIMED_RUN, 6.0)):
+        with budget.timing(kind):
+            clock.seconds += seconds
+    assert budget.screening_cost("ort-dynamic") == 25.0
+    assert budget.screening_cost("ort-dynamic", timed=False) == 5.0 + 20.0 - 6.0
+    with budget.timing(UNTIMED_SCREEN):
+        clock.seconds += 9.0
+    assert budget.screening_cost("ort-dynamic", timed=False) == 14.0 and budget.screening_cost("ort-dynamic") == 25.0
 
 
 def test_an_evaluation_is_predicted_from_those_whose_rows_follow_their_batch_as_its_do():

@@ -129,6 +129,37 @@ def test_a_settled_model_is_parsed_once_for_its_graph_digest(tmp_path, monkeypat
     assert graph_digest(path) != fresh[0] and len(loads) == 4
 
 
+def _quantized_matmul(weight: list[int], zero_point: int, scale: float, shape: list[int]) -> onnx.ModelProto:
+    """x @ dequantize(weight) reshaped to `shape`: an int8 weight, its scale and zero point, and an int64 shape."""
+    nodes = [helper.make_node("DequantizeLinear", ["w", "scale", "zero"], ["wf"]),
+             helper.make_node("MatMul", ["x", "wf"], ["m"]), helper.make_node("Reshape", ["m", "shape"], ["y"])]
+    initializers = [helper.make_tensor("w", TensorProto.INT8, [2, 2], weight),
+                    helper.make_tensor("scale", TensorProto.FLOAT, [], [scale]),
+                    helper.make_tensor("zero", TensorProto.INT8, [], [zero_point]),
+                    helper.make_tensor("shape", TensorProto.INT64, [len(shape)], shape)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])  # fmt: skip
+
+
+def test_kernels_digest_ignores_weights_scales_and_zero_points_but_not_shapes_or_a_zero_point_of_zero(tmp_path):
+    """A reduce_range twin differs from its base in its weights' values and scales only: the same kernels, one
+    kernels digest, while the graph digests differ. A shape tensor's values, or a zero point of 0 against another,
+    make another digest."""
+    from qbench.variants.onnx_utils import graph_digest, kernels_digest
+
+    variants = {"base": ([1, -2, 3, 4], 0, 0.5, [1, 2]), "twin": ([1, -1, 2, 2], 0, 1.0, [1, 2]),
+                "reshaped": ([1, -2, 3, 4], 0, 0.5, [2, 1]), "shifted": ([1, -2, 3, 4], 3, 0.5, [1, 2])}  # fmt: skip
+    paths = {}
+    for name, args in variants.items():
+        paths[name] = tmp_path / f"{name}.onnx"
+        onnx.save(_quantized_matmul(*args), str(paths[name]))
+    assert graph_digest(paths["base"]) != graph_digest(paths["twin"])
+    assert kernels_digest(paths["base"]) == kernels_digest(paths["twin"])
+    assert kernels_digest(paths["reshaped"]) != kernels_digest(paths["base"])
+    assert kernels_digest(paths["shifted"]) != kernels_digest(paths["base"])
+
+
 def _half_written(monkeypatch: pytest.MonkeyPatch) -> None:
     """Writing a model on a disk that fills up: half the model's bytes reach the file it writes, then ENOSPC."""
 
