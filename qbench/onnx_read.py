@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,13 +191,25 @@ def inline_functions(model: onnx.ModelProto, path: Path | str = "model") -> onnx
     return inlined
 
 
+def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds (If's branches, Loop's and Scan's bodies), not those nested deeper."""
+    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
+
+
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """`graph` and every graph nested in its nodes, at any depth (each graph before those nested in it)."""
+    yield graph
+    for node in graph.node:
+        for body in subgraphs_of(node):
+            yield from all_graphs(body)
+
+
 def constant_values_as_tensors(graph: onnx.GraphProto) -> None:
     """Every Constant node of `graph` and its subgraphs that holds its value in a scalar or list attribute holds it
     as the `value` tensor that attribute stands for (a single value: a scalar tensor; a list: a 1-D one), in place."""
     for node in graph.node:
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                constant_values_as_tensors(body)
+        for body in subgraphs_of(node):
+            constant_values_as_tensors(body)
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
             continue
         attribute = node.attribute[0]
@@ -237,9 +249,8 @@ def _one_function_per_call(model: onnx.ModelProto) -> tuple[onnx.ModelProto, set
                 node.op_type = body.name
                 visit(list(body.node), f"{site}/")
                 scoped.update(n.name for n in body.node)
-            for attribute in node.attribute:
-                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                    visit(list(graph.node), prefix)
+            for graph in subgraphs_of(node):
+                visit(list(graph.node), prefix)
 
     visit(list(copy.graph.node), "")
     del copy.functions[:]
@@ -255,18 +266,16 @@ def _drop_inliner_suffixes(graph: onnx.GraphProto, scoped: set[str]) -> None:
         if plain != node.name and plain in scoped and plain not in taken:
             taken.add(plain)
             node.name = plain
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                _drop_inliner_suffixes(body, scoped)
+        for body in subgraphs_of(node):
+            _drop_inliner_suffixes(body, scoped)
 
 
 def _domains_used(graph: onnx.GraphProto) -> set[str]:
     used = set()
     for node in graph.node:
         used.add(node.domain)
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                used |= _domains_used(body)
+        for body in subgraphs_of(node):
+            used |= _domains_used(body)
     return used
 
 

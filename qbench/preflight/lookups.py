@@ -26,7 +26,7 @@ sentinel such as -1 for an unknown id would silently read another id's row in FP
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +35,7 @@ import numpy as np
 
 from qbench.errors import RecipeError
 from qbench.modelinfo.classes import each_once
+from qbench.onnx_read import all_graphs
 from qbench.recipe.spec import Recipe
 
 if TYPE_CHECKING:
@@ -94,7 +95,7 @@ def constant_lookups(model_path: Path) -> dict[str, Lookup]:
 
     model = read_onnx(model_path)  # an embedding inside a local function indexes a table too
     graph = model.graph
-    graphs = list(_graphs(graph))  # an embedding inside an If/Loop/Scan body indexes a table too
+    graphs = list(all_graphs(graph))  # an embedding inside an If/Loop/Scan body indexes a table too
     tables = {t.name: list(t.dims) for body in graphs for t in body.initializer}
     nodes = [node for body in graphs for node in body.node]
     constants = {t.name: t for body in graphs for t in body.initializer}
@@ -265,14 +266,6 @@ def _check_categories(
 def _category(value: object) -> object:
     return value.decode() if isinstance(value, bytes) else value.item() if isinstance(value, np.generic) else value
 
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """`graph` and every subgraph in it, at any depth."""
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graphs(body)
 
 
 def _first_outside(values: np.ndarray, lookup: Lookup) -> int:

@@ -33,6 +33,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from qbench.onnx_read import all_graphs
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import onnx
@@ -107,7 +109,7 @@ def reduced_precision(model: onnx.ModelProto) -> str | None:
         if stored in _LOW_BIT:
             weight_only[op] += 1
             weight_types.add(_LOW_BIT[stored])
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for op, bits in _grid_weights(graph):
             weight_only[op] += 1
             weight_types.add(f"{bits}-bit values stored as float32")
@@ -139,7 +141,7 @@ def stored_weights(model: onnx.ModelProto) -> str | None:
     when every weight is stored as it is computed with."""
     found: dict[str, dict[str, set[str]]] = {}  # type -> how it is widened -> the weights so stored
     types = value_types(model)
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         stored = {t.name: t.data_type for t in _stored_tensors(graph)}
         # a float weight narrowed to 16 bits when the model runs (transposed or reshaped first or not: `w.T`, never
         # rows gathered by a fed index: an activation) is held in that type too
@@ -176,7 +178,7 @@ def rounded_activations(model: onnx.ModelProto) -> str | None:
     to float16 after the input, or between two FP32 layers, that only another Cast reads), which no node computes
     in, as 'rounds 1 activation to bfloat16 (Cast) ...'; None when it rounds none. Like `stored_weights`, such a
     reference is already rounded: every drop is measured from that rounding."""
-    narrowing = (node for graph in _graphs(model.graph) for node in graph.node
+    narrowing = (node for graph in all_graphs(model.graph) for node in graph.node
                  if node.op_type == "CastLike" or (node.op_type == "Cast" and any(
                      a.name == "to" and a.i in _REDUCED_FLOATS for a in node.attribute)))  # fmt: skip
     if next(narrowing, None) is None:
@@ -372,7 +374,7 @@ def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iter
     weight stored as integers and widened when the model runs, which no DequantizeLinear names. Only stored integers
     count (an initializer or Constant, reshaped or not: a `Range` of positions is computed, not stored), and a cast
     integer that only an elementwise op reads (a mask, an index) is no weight."""
-    for graph in _graphs(model.graph):
+    for graph in all_graphs(model.graph):
         constant = {t.name for t in graph.initializer}
         stored = set(constant)
         origin: dict[str, set[str]] = {}  # constant value -> the integer values cast to float that it is computed from
@@ -440,7 +442,7 @@ def value_types(model: onnx.ModelProto) -> dict[str, int]:
     except Exception:  # noqa: BLE001 - a graph inference cannot follow still declares its inputs and outputs
         inferred = model
     types: dict[str, int] = {}
-    for graph in _graphs(inferred.graph):
+    for graph in all_graphs(inferred.graph):
         for value in (*graph.input, *graph.output, *graph.value_info):
             if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
                 types[value.name] = value.type.tensor_type.elem_type
@@ -473,10 +475,3 @@ def _nodes(graph: onnx.GraphProto, constants: set[str]) -> Iterator[tuple[onnx.N
             for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
                 yield from _nodes(subgraph, constants | _constants(subgraph))
 
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attribute in node.attribute:
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graphs(subgraph)

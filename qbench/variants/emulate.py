@@ -45,6 +45,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qbench.errors import QbenchError
+from qbench.onnx_read import all_graphs
 from qbench.recipe.variants import EMULATED_TAG
 from qbench.variants.base import BuiltVariant
 from qbench.variants.emulate_fold import fold_conv_batch_norms
@@ -60,16 +61,6 @@ from qbench.variants.onnx_utils import (
 
 EMULATED_SUFFIX = f".{EMULATED_TAG}.onnx"
 _TYPE_ATTRIBUTES = ("to", "dtype", "output_dtype")
-
-
-def _subgraphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """Every graph nested in `graph`'s nodes, at any depth."""
-    found: list[onnx.GraphProto] = []
-    for node in graph.node:
-        for attribute in node.attribute:
-            for body in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                found.extend([body, *_subgraphs(body)])
-    return found
 
 
 def _holds_float16(graph: onnx.GraphProto) -> bool:
@@ -178,7 +169,7 @@ def emulate_float16(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
 def _emulate_in_place(model: onnx.ModelProto) -> int:
     """Rewrite the FP16 graph `model` into its emulation (see `emulate_float16`); returns the rounded tensors."""
     graph = model.graph
-    if any(_holds_float16(body) for body in _subgraphs(graph)):
+    if any(_holds_float16(body) for body in all_graphs(graph) if body is not graph):
         raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
     types = tensor_types(model)
     half = {name for name, kind in types.items() if kind == TensorProto.FLOAT16}

@@ -31,7 +31,7 @@ from onnx import TensorProto, helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import copy_field, over_protobuf_limit, read_onnx, typing_skeleton
+from qbench.onnx_read import copy_field, over_protobuf_limit, read_onnx, subgraphs_of, typing_skeleton
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
@@ -274,11 +274,6 @@ def names_read(graph: onnx.GraphProto) -> set[str]:
             for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
                 names |= names_read(subgraph)
     return names
-
-
-def subgraphs_of(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    """The graphs a node holds (If's branches, Loop's and Scan's bodies), not those nested deeper."""
-    return [g for a in node.attribute for g in ([a.g] if a.HasField("g") else list(a.graphs))]
 
 
 def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
