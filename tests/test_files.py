@@ -59,6 +59,21 @@ def test_the_content_is_synced_before_the_rename_and_the_folder_after(tmp_path: 
     assert synced == [("file", text, '{"complete": false}'), ("folder", "", text)]
 
 
+def test_a_file_that_need_not_outlive_the_machine_is_replaced_whole_without_a_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`durable=False` (a mark read only after the writing process died): no sync of the file nor of its folder, and
+    still the new content in place of the old, with no temporary file left."""
+    target = tmp_path / "job.started"
+    target.write_text('{"attempts": 1}')
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    write_atomically(target, '{"attempts": 2}', what="the mark", durable=False)
+    assert synced == []
+    assert target.read_text() == '{"attempts": 2}'
+    assert [p.name for p in tmp_path.iterdir()] == ["job.started"]
+
+
 def test_a_folder_that_cannot_be_synced_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Some file systems refuse to sync a folder (EINVAL): the file is in place all the same."""
     fsync = os.fsync

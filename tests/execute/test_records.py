@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,23 @@ def test_a_record_edited_after_it_was_written_is_left_out_and_its_job_runs_again
     with caplog.at_level(logging.WARNING, logger="qbench"):
         assert read_records(run) == {}
     assert "does not match its digest" in caplog.text and f"{outputs} changed after it was written" in caplog.text
+
+
+@pytest.mark.skipif(os.name != "posix", reason="a folder is synced on POSIX only")
+def test_a_job_s_mark_as_started_is_not_synced_and_its_record_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mark is read after the sweep's process died, whose writes the kernel keeps: its two syncs (file, folder)
+    were a wait before every job. The record a resume reuses must outlive a power loss: synced, file and folder."""
+    run = _run(tmp_path)
+    synced: list[str] = []
+
+    def record(handle: int) -> None:
+        synced.append("folder" if os.path.samestat(os.fstat(handle), os.stat(run / JOBS_FOLDER)) else "file")
+
+    monkeypatch.setattr(os, "fsync", record)
+    record_started(run, "build:fp32", 1)
+    assert synced == [] and read_records(run)["build:fp32"].died is not None  # read back as the job it died in
+    record_build(run, "build:fp32", 1, {"files": {}}, None)
+    assert synced == ["file", "folder"]
 
 
 def test_a_run_whose_sweep_still_runs_on_this_host_is_not_taken_up(tmp_path: Path) -> None:
