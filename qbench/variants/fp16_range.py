@@ -27,11 +27,12 @@ module tells which nodes to block, from values, never from names or op types:
   unchanged, it is left to FP16; otherwise it keeps in float32 the node that produces it and
   every node that reads its values (Shape and Size read only its shape). What those nodes write
   is FP16 again when it is in range. A graph output out of range is kept without a trial;
-- an activation in range that holds nonzero values FP16 rounds to 0 (under 2**-25: a log-mel's
-  `power + 1e-10` on silent frames) is tried with those values 0: harmless for most (a softmax's
-  tail), not for a reader that is singular there (Log, a divisor), whose input became -inf / NaN
-  in FP16 though its producer was kept FP32 for the tiny constant; harmful, it keeps its producer
-  and readers in float32 as above (fp16_trials.harmless_by_halves tries any number of them).
+- an activation in range of whose nonzero values a share (FLUSHED_SHARE) in a batch are ones FP16
+  rounds to 0 (under 2**-25: a log-mel's `power + 1e-10` on silent frames) is tried with those
+  values 0, on that batch, the outputs' change judged at their own scale: harmless for most (a
+  softmax's tail), not for a reader that is singular there (Log, a divisor), whose input became
+  -inf / NaN in FP16 though its producer was kept FP32 for the tiny constant; harmful, it keeps its
+  producer and readers in float32 as above (fp16_trials.harmless_by_halves tries any number).
 
 Without a calibration sample nothing is tried: a constant out of range keeps its readers FP32.
 """
@@ -141,28 +142,36 @@ def constant_magnitudes(model: onnx.ModelProto) -> dict[str, float]:
             if t.data_type == TensorProto.FLOAT}  # fmt: skip
 
 
+FLUSHED_SHARE = 1e-3  # the share of a tensor's nonzero values in a batch FP16 must flush for a trial of that flush
+
+
 class Extent(NamedTuple):
-    """The largest finite magnitude of a tensor's values (0 when none is finite) and its smallest nonzero one (inf
-    when there is none)."""
+    """The largest finite magnitude of a tensor's values (0 when none is finite), and the index of the first batch
+    in which at least FLUSHED_SHARE of its nonzero values are ones FP16 flushes to 0 (None: in none), which a trial
+    of that flush runs. A floor such as 1e-10 on silent frames, a softmax's tail, reach it; values of a unit-scale
+    tensor crossing 0 by chance (about 6e-8 of them fall under 2**-25) never do, and their flush is noise."""
 
     largest: float
-    smallest: float
+    first_flushed: int | None = None
 
-    def joined(self, values: np.ndarray) -> Extent:
+    def joined(self, values: np.ndarray, batch: int) -> Extent:
         finite = np.abs(values[np.isfinite(values)])
+        largest = max(self.largest, float(finite.max(initial=0.0)))
         nonzero = finite[finite > 0]
-        return Extent(max(self.largest, float(finite.max(initial=0.0))),
-                      min(self.smallest, float(nonzero.min(initial=np.inf))))  # fmt: skip
+        flushed = np.count_nonzero(nonzero < FP16_FLUSHED_BELOW)
+        if self.first_flushed is None and flushed and flushed >= FLUSHED_SHARE * nonzero.size:
+            return Extent(largest, batch)
+        return self._replace(largest=largest)
 
 
 def activation_magnitudes(
     model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds], *, whole: bool = False,
     memory_budget: int = MEMORY_BUDGET_BYTES,
 ) -> dict[str, Extent] | None:
-    """The extent (largest finite and smallest nonzero magnitude) of each float32 tensor `names` (graph inputs or
-    node outputs) over `batches`, computed by the FP32 model on ONNX Runtime's CPU provider with those tensors added
-    as outputs; None when ONNX Runtime refuses the model with them (a tensor typed wrongly by inference): the
-    activations are then left unchecked.
+    """The extent (Extent: largest finite magnitude, first batch holding a value FP16 flushes to 0) of each float32
+    tensor `names` (graph inputs or node outputs) over `batches`, computed by the FP32 model on ONNX Runtime's CPU
+    provider with those tensors added as outputs; None when ONNX Runtime refuses the model with them (a tensor typed
+    wrongly by inference): the activations are then left unchecked.
 
     Every exposed tensor of a run is alive at once (a vision model's activations of 16 rows run to gigabytes): a
     batch is run in parts of as many rows as fit in `memory_budget`, learnt from a first run of two rows; with `whole`
@@ -178,7 +187,7 @@ def activation_magnitudes(
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the FP32 model's values as written
     options.log_severity_level = 3
-    found = dict.fromkeys(names, Extent(0.0, np.inf))
+    found = dict.fromkeys(names, Extent(0.0))
     with tempfile.TemporaryDirectory(prefix="qbench-fp16-range-") as tmp:
         path = save_model(exposed, Path(tmp) / "exposed.onnx")  # a path: models over 2 GB keep external data
         try:
@@ -188,7 +197,7 @@ def activation_magnitudes(
             return None
         rows = None if whole else 2  # rows per run, until the first run tells a row's bytes
         per_call = session_per_call_inputs(session)
-        for feeds in batches:
+        for batch, feeds in enumerate(batches):
             size = len(next(iter(feeds.values())))
             start = 0
             while start < size:
@@ -201,7 +210,7 @@ def activation_magnitudes(
                 values = dict(zip(order, outputs, strict=True)) | part
                 for name in names:
                     if name in values:
-                        found[name] = found[name].joined(np.asarray(values[name], dtype=np.float64))
+                        found[name] = found[name].joined(np.asarray(values[name], dtype=np.float64), batch)
                 start += count
     return found
 
@@ -244,8 +253,8 @@ def out_of_fp16_range(
     found = {name: extent.largest for name, extent in extents.items() if unrepresentable(extent.largest)}
     outputs = {o.name for o in graph.output}
     why |= dict.fromkeys(found.keys() & outputs, "a graph output out of range: FP16 would hand it out clamped or inf")
-    flushed = [name for name, extent in extents.items()
-               if name not in found and name not in outputs and extent.smallest < FP16_FLUSHED_BELOW]  # fmt: skip
+    flushed = {name: extent.first_flushed for name, extent in extents.items()
+               if name not in found and name not in outputs and extent.first_flushed is not None}  # fmt: skip
     verdict = _try_activations(clamped, batches, {name: value for name, value in found.items() if name not in outputs},
                                flushed)  # fmt: skip
     harmless |= {name: (found[name], change) for name, change in verdict.harmless.items() if name in found}
@@ -328,11 +337,17 @@ def _try_constants(model: onnx.ModelProto, batches: Sequence[Feeds], names: Sequ
 
 
 def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Mapping[str, float],
-                     flushed: Sequence[str] = ()) -> Verdict:  # fmt: skip
+                     flushed: Mapping[str, int] | None = None) -> Verdict:  # fmt: skip
     """Which activations of `found` (name -> largest magnitude) the outputs tolerate overflowed (those beyond the
     limit) or rounded to FP16 (those below its normals), and which of `flushed` (in range, but holding values FP16
-    rounds to 0) they tolerate with those values 0, compared with `model` (its harmless constants clamped: each
-    stage within HARMLESS_SPACINGS of the one before)."""
+    rounds to 0; name -> the first batch holding one) they tolerate with those values 0, compared with `model`
+    (its harmless constants clamped: each stage within HARMLESS_SPACINGS of the one before).
+
+    A flush moves a value by under 3e-8: most outputs move by as little, which matters only where it reaches FP16's
+    resolution at the output's own scale (a log of 0 is -inf; a LayerNorm output of 1e-7 moved by 2e-7 is noise
+    FP16 stores as no better), and only the batches holding the tensors tried are run (a trial of a transformer's
+    calibration sample per candidate group cost it seconds each)."""
+    flushed = dict(flushed or {})
     tried = [*found, *flushed]
     if not tried:
         return Verdict({}, {})
@@ -348,5 +363,6 @@ def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Ma
         logger.warning("FP16 range: activations out of range not tried, ONNX Runtime refused the trial model: %s", exc)
         return Verdict({}, dict.fromkeys(tried))
     beyond = harmless_subset(list(found), lambda subset: session.change(switched=subset))
-    under = harmless_by_halves(flushed, lambda subset: session.change(switched=[*beyond.harmless, *subset]))
+    under = harmless_by_halves(list(flushed), lambda subset: session.change(
+        switched=[*beyond.harmless, *subset], only={flushed[name] for name in subset}, at_scale=True))
     return Verdict(beyond.harmless | under.harmless, beyond.harmful | under.harmful)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,8 +63,9 @@ def spacing_floor(values: np.ndarray) -> float:
     return min(FP16_SMALLEST_SUBNORMAL, float(fp16_spacing(np.array([largest]), floor=0.0)[0]))
 
 
-def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
-    """The largest change of any output value, in FP16 spacings at the reference value (module docstring)."""
+def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray], at_scale: bool = False) -> float:
+    """The largest change of any output value, in FP16 spacings at the reference value (module docstring), or with
+    `at_scale` at the output's largest magnitude (the resolution FP16 gives the output as a whole)."""
     worst = 0.0
     for want, have in zip(reference, got, strict=True):
         want, have = np.asarray(want), np.asarray(have)
@@ -80,6 +81,8 @@ def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
             return float("inf")
         if np.any(finite):
             spacing = fp16_spacing(want[finite], spacing_floor(want[finite]))
+            if at_scale:
+                spacing = np.maximum(spacing, fp16_spacing(np.abs(want[finite]).max(keepdims=True)))
             moved = np.abs(have[finite].astype(np.float64) - want[finite]) / spacing
             worst = max(worst, float(moved.max()))
     return worst
@@ -183,12 +186,17 @@ class TrialSession:
         flags = {flag: np.array(name in on) for name, flag in self.switches.items()}
         return self.session.run(self.outputs, {**fed_per_call(feeds, self.per_call), **values, **flags})
 
-    def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = ()) -> float:
-        """The largest output change over the calibration sample (output_change), against the unaltered model."""
+    def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = (),
+               only: Collection[int] | None = None, at_scale: bool = False) -> float:  # fmt: skip
+        """The largest output change over the calibration sample, or its batches `only` (output_change, `at_scale`
+        as there), against the unaltered model."""
         worst = 0.0
         switched = list(switched)
         for index, feeds in enumerate(self.batches):
-            worst = max(worst, output_change(self._reference_for(index, feeds), self.run(feeds, constants, switched)))
+            if only is not None and index not in only:
+                continue
+            got = self.run(feeds, constants, switched)
+            worst = max(worst, output_change(self._reference_for(index, feeds), got, at_scale))
             if worst == float("inf"):
                 break
         return worst
