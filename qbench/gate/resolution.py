@@ -230,7 +230,9 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
         needed, share = rows_to_resolve(tolerance, span), tolerance / span
         unit = "rows" if rows == counted else "inputs"
         if rows >= needed:
-            return _lost_unresolved(point, share, rows, where, unit) if info.share_of_rows else None
+            scored = own.denominators.get(metric)
+            scored = scored if isinstance(scored, int) and not isinstance(scored, bool) and scored > counted else None
+            return _lost_unresolved(point, share, rows, where, unit, scored) if info.share_of_rows else None
         if math.isinf(needed):
             return f"{where}: no number of rows resolves a tolerance of 0"
         return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the {unit} "
@@ -253,12 +255,17 @@ def upper_share(lost: int, rows: int) -> float:
     return high
 
 
-def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str) -> str | None:
+def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str,
+                     scored: int | None = None) -> str | None:  # fmt: skip
     """Why a share of rows whose drop is `point`, `lost` of its `rows` (net: losses less gains), does not resolve a
     tolerance of `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share`
     of the population's rows shows a drop as small with probability over 5 % (1.5 x a max_drop of 0.01 on 300 rows:
     34 %; on 1,000 rows: 12 %), so the upper bound of the drop must be within it, as the rows rule asks where none is
-    lost."""
+    lost.
+
+    A share of `scored` units more than the rows (tokens, frames of a sequence output) is judged as that share of the
+    rows, a row's units not being independent draws; the message says so, where it called a drop of 255 of 6,000
+    frames "17 of the 400 rows", which no row count holds."""
     lost = round(point * rows) if math.isfinite(point) else 0
     if lost <= 0:
         return None
@@ -267,7 +274,10 @@ def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: st
         return None
     needed = _rows_at_this_drop(lost / rows, share, RESOLVE_SEARCH_LIMIT * rows)
     more = f"; about {needed} {unit} would resolve it at this drop" if needed else ""
-    return (f"{where}: its drop of {lost} of the {rows} {unit} ({point:.4g}) is within the tolerance, but a variant "
+    counted = (f"{point:.4g} ({round(point * scored)} of its {scored} scored units, judged as the same share of its "
+               f"{rows} {unit}: a row's units are not independent)" if scored
+               else f"{lost} of the {rows} {unit} ({point:.4g})")  # fmt: skip
+    return (f"{where}: its drop of {counted} is within the tolerance, but a variant "
             f"losing {share:.3g} of them shows as small a drop with probability over {1 - CONFIDENCE:.0%}: the "
             f"{CONFIDENCE:.0%} upper bound of the drop reaches {bound:.4g} > {share:g}{more}")
 
