@@ -262,8 +262,7 @@ def out_of_fp16_range(
     why |= _reasons(verdict, lambda name: f"its values under {FP16_FLUSHED_BELOW:.3g} flushed to 0 as FP16 holds them"
                     if name not in found else f"overflowed to inf beyond {limit:g}" if found[name] > limit
                     else "rounded to FP16's subnormals")  # fmt: skip
-    outside |= {name: extents[name].largest if name in extents else value
-                for name, value in [*found.items(), *((n, 0.0) for n in flushed)] if name not in verdict.harmless}
+    outside |= {name: extents[name].largest for name in [*found, *flushed] if name not in verdict.harmless}
     return _kept(converted, {n: v for n, v in outside.items() if n not in harmless}, why, harmless,
                  rows if activations is not None else 0)  # fmt: skip
 
