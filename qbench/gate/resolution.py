@@ -53,9 +53,8 @@ from collections.abc import Callable, Sequence
 from statistics import NormalDist
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from qbench.errors import named_some
+from qbench.gate.binomial import at_most
 from qbench.validate.catalogue import METRICS, OUTPUT_SEPARATOR, drop, within
 
 if TYPE_CHECKING:  # qbench.results imports the search's records, which mix in JudgedPass; qbench.gate imports this
@@ -231,7 +230,9 @@ def unresolved(metric: str, tolerance: float, reference: SliceMetrics, own: Slic
         needed, share = rows_to_resolve(tolerance, span), tolerance / span
         unit = "rows" if rows == counted else "inputs"
         if rows >= needed:
-            return _lost_unresolved(point, share, rows, where, unit) if info.share_of_rows else None
+            scored = own.denominators.get(metric)
+            scored = scored if isinstance(scored, int) and not isinstance(scored, bool) and scored > counted else None
+            return _lost_unresolved(point, share, rows, where, unit, scored) if info.share_of_rows else None
         if math.isinf(needed):
             return f"{where}: no number of rows resolves a tolerance of 0"
         return (f"{where} < {needed} needed for a drop of {tolerance:g} (a variant changing {share:.3g} of the {unit} "
@@ -250,49 +251,21 @@ def upper_share(lost: int, rows: int) -> float:
     low, high = lost / rows, 1.0
     for _ in range(60):  # bisection on p: P(X <= lost | rows, p) falls as p grows
         mid = (low + high) / 2
-        low, high = (mid, high) if _at_most(lost, rows, mid) > 1 - CONFIDENCE else (low, mid)
+        low, high = (mid, high) if at_most(lost, rows, mid) > 1 - CONFIDENCE else (low, mid)
     return high
 
 
-def binomial_tail(at_least: int, draws: int, rate: float) -> float:
-    """P(X >= at_least) for X ~ Binomial(draws, rate) (a class's rows lost by chance: qbench.validate.kept)."""
-    if at_least <= 0 or rate >= 1:
-        return 1.0
-    return _binomial_sum(range(at_least, draws + 1), draws, rate)
-
-
-def _at_most(lost: int, rows: int, share: float) -> float:
-    """P(X <= lost) for X ~ Binomial(rows, share), summed over the few terms up to `lost` (rows may be millions)."""
-    return _binomial_sum(range(lost + 1), rows, share)
-
-
-def _binomial_sum(counts: range, draws: int, rate: float) -> float:
-    """The Binomial(draws, rate) probabilities of `counts` summed in log space: the first term's logarithm from
-    lgamma, each next one from the last by the ratio (draws - k) / (k + 1) x rate / (1 - rate), in numpy, so that a
-    sum over a million counts takes milliseconds (a scope of a million rows losing 5,000: 0.45 s a bound with lgamma
-    per term, and an upper bound takes 60 sums)."""
-    if rate <= 0:
-        return 1.0 if counts.start == 0 else 0.0
-    if rate >= 1:
-        return 1.0 if draws in counts else 0.0
-    if not len(counts):
-        return 0.0
-    first = counts.start
-    head = (math.lgamma(draws + 1) - math.lgamma(first + 1) - math.lgamma(draws - first + 1) + first * math.log(rate)
-            + (draws - first) * math.log1p(-rate))  # fmt: skip
-    k = np.arange(first, counts.stop - 1, dtype=np.float64)
-    steps = np.log((draws - k) / (k + 1)) + (math.log(rate) - math.log1p(-rate))
-    logs = np.concatenate(([head], head + np.cumsum(steps)))
-    top = float(logs.max())
-    return min(1.0, math.exp(top) * float(np.sum(np.exp(logs - top))))
-
-
-def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str) -> str | None:
+def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: str,
+                     scored: int | None = None) -> str | None:  # fmt: skip
     """Why a share of rows whose drop is `point`, `lost` of its `rows` (net: losses less gains), does not resolve a
     tolerance of `share`, or None: the sample's drop is within the tolerance, yet a variant losing more than `share`
     of the population's rows shows a drop as small with probability over 5 % (1.5 x a max_drop of 0.01 on 300 rows:
     34 %; on 1,000 rows: 12 %), so the upper bound of the drop must be within it, as the rows rule asks where none is
-    lost."""
+    lost.
+
+    A share of `scored` units more than the rows (tokens, frames of a sequence output) is judged as that share of the
+    rows, a row's units not being independent draws; the message says so, where it called a drop of 255 of 6,000
+    frames "17 of the 400 rows", which no row count holds."""
     lost = round(point * rows) if math.isfinite(point) else 0
     if lost <= 0:
         return None
@@ -301,7 +274,10 @@ def _lost_unresolved(point: float, share: float, rows: int, where: str, unit: st
         return None
     needed = _rows_at_this_drop(lost / rows, share, RESOLVE_SEARCH_LIMIT * rows)
     more = f"; about {needed} {unit} would resolve it at this drop" if needed else ""
-    return (f"{where}: its drop of {lost} of the {rows} {unit} ({point:.4g}) is within the tolerance, but a variant "
+    counted = (f"{point:.4g} ({round(point * scored)} of its {scored} scored units, judged as the same share of its "
+               f"{rows} {unit}: a row's units are not independent)" if scored
+               else f"{lost} of the {rows} {unit} ({point:.4g})")  # fmt: skip
+    return (f"{where}: its drop of {counted} is within the tolerance, but a variant "
             f"losing {share:.3g} of them shows as small a drop with probability over {1 - CONFIDENCE:.0%}: the "
             f"{CONFIDENCE:.0%} upper bound of the drop reaches {bound:.4g} > {share:g}{more}")
 
@@ -313,7 +289,7 @@ def _rows_at_this_drop(rate: float, share: float, limit: int) -> int | None:
     if rate >= share:
         return None
     def resolves(count: int) -> bool:  # upper_share(lost, count) <= share, read off one sum instead of its bisection
-        return _at_most(round(rate * count), count, share) <= 1 - CONFIDENCE
+        return at_most(round(rate * count), count, share) <= 1 - CONFIDENCE
 
     rows = 2
     while not resolves(rows):

@@ -53,7 +53,8 @@ import math
 
 import numpy as np
 
-from qbench.gate.resolution import CONFIDENCE, binomial_tail, rows_to_resolve
+from qbench.gate.binomial import binomial_tail
+from qbench.gate.resolution import CONFIDENCE, rows_to_resolve
 from qbench.results.schema import Kept
 from qbench.validate.metrics import INVALID_CLASS, row_blocks
 

@@ -229,6 +229,9 @@ def kept_in_float32(
         if schema is None:
             reasons[node.name] = "no schema for this operator in ONNX or the installed ONNX Runtime"
             continue
+        if (typed_by := _float_output_typed_by_attribute(node, schema, types)) is not None:
+            reasons[node.name] = f"its float output's type is set by its {typed_by!r} attribute, not by its inputs"
+            continue
         for kind, names, params in (("input", node.input, schema.inputs), ("output", node.output, schema.outputs)):
             for index, name in enumerate(names):
                 formal = _formal(list(params), index)
@@ -239,6 +242,26 @@ def kept_in_float32(
             if node.name in reasons:
                 break
     return KeptNodes(reasons)
+
+
+_DATA_TYPE_ATTRIBUTES = ("dtype", "output_datatype")  # the attributes ONNX operators name their output's type by
+
+
+def _float_output_typed_by_attribute(node: onnx.NodeProto, schema: onnx.defs.OpSchema,
+                                     types: dict[str, int]) -> str | None:
+    """The attribute of the schema naming the element type of a float32 output of `node` whose type no input
+    binds (a MelWeightMatrix's or HannWindow's `output_datatype`, RandomNormal's `dtype`), or None.
+
+    A float16 converter retypes such an output without rewriting the attribute, so ONNX Runtime refused the whole
+    graph ('Type (tensor(float16)) of output arg (mel) of node (MelWeightMatrix) does not match expected type');
+    computed in float32 and cast for its readers, it is the same value."""
+    bound = {formal.type_str for formal in schema.inputs}
+    held = [name for name in _DATA_TYPE_ATTRIBUTES if name in schema.attributes]  # set on the node or defaulted
+    for index, name in enumerate(node.output):
+        formal = _formal(list(schema.outputs), index)
+        if held and formal is not None and formal.type_str not in bound and types.get(name) == TensorProto.FLOAT:
+            return held[0]
+    return None
 
 
 def kept_in_rounding_simulation(model: onnx.ModelProto) -> KeptNodes:

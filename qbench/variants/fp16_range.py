@@ -26,7 +26,13 @@ module tells which nodes to block, from values, never from names or op types:
   is 0 all the same), or rounded to FP16 when every value is below its normals. The outputs
   unchanged, it is left to FP16; otherwise it keeps in float32 the node that produces it and
   every node that reads its values (Shape and Size read only its shape). What those nodes write
-  is FP16 again when it is in range. A graph output out of range is kept without a trial.
+  is FP16 again when it is in range. A graph output out of range is kept without a trial;
+- an activation in range of whose nonzero values a share (FLUSHED_SHARE) in a batch are ones FP16
+  rounds to 0 (under 2**-25: a log-mel's `power + 1e-10` on silent frames) is tried with those
+  values 0, on that batch, the outputs' change judged at their own scale: harmless for most (a
+  softmax's tail), not for a reader that is singular there (Log, a divisor), whose input became
+  -inf / NaN in FP16 though its producer was kept FP32 for the tiny constant; harmful, it keeps its
+  producer and readers in float32 as above (fp16_trials.harmless_by_halves tries any number).
 
 Without a calibration sample nothing is tried: a constant out of range keeps its readers FP32.
 """
@@ -38,6 +44,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -49,11 +56,13 @@ from qbench.per_call import fed_per_call, session_per_call_inputs
 from qbench.variants.base import Feeds
 from qbench.variants.float_support import SHAPE_ONLY_OPS
 from qbench.variants.fp16_trials import (
+    FP16_FLUSHED_BELOW,
     HARMLESS_SPACINGS,
     MAX_SINGLE_TRIALS,
     TrialSession,
     Verdict,
     clamped_as_converted,
+    harmless_by_halves,
     harmless_subset,
 )
 from qbench.variants.onnx_utils import MEMORY_BUDGET_BYTES, rows_per_batch, save_model
@@ -110,7 +119,8 @@ class RangeCheck:
             more = f" and {len(listed) - 5} more" if len(listed) > 5 else ""
             source = f"in the weights and on {self.rows} calibration rows" if self.rows else "in the weights"
             notes.append(f"kept in FP32 for range: {len(self.nodes)} node(s) reading or writing tensors FP16 cannot "
-                         f"hold {source} (beyond {FP16_MAX_FINITE / HEADROOM:g} or all below {FP16_MIN_NORMAL:.2g}), "
+                         f"hold {source} (beyond {FP16_MAX_FINITE / HEADROOM:g}, all below {FP16_MIN_NORMAL:.2g}, "
+                         f"or with values under {FP16_FLUSHED_BELOW:.2g} that FP16 holds as 0), "
                          f"which change the outputs in FP16: {shown}{more}")  # fmt: skip
         return "; ".join(notes) or None
 
@@ -132,13 +142,36 @@ def constant_magnitudes(model: onnx.ModelProto) -> dict[str, float]:
             if t.data_type == TensorProto.FLOAT}  # fmt: skip
 
 
+FLUSHED_SHARE = 1e-3  # the share of a tensor's nonzero values in a batch FP16 must flush for a trial of that flush
+
+
+class Extent(NamedTuple):
+    """The largest finite magnitude of a tensor's values (0 when none is finite), and the index of the first batch
+    in which at least FLUSHED_SHARE of its nonzero values are ones FP16 flushes to 0 (None: in none), which a trial
+    of that flush runs. A floor such as 1e-10 on silent frames, a softmax's tail, reach it; values of a unit-scale
+    tensor crossing 0 by chance (about 6e-8 of them fall under 2**-25) never do, and their flush is noise."""
+
+    largest: float
+    first_flushed: int | None = None
+
+    def joined(self, values: np.ndarray, batch: int) -> Extent:
+        finite = np.abs(values[np.isfinite(values)])
+        largest = max(self.largest, float(finite.max(initial=0.0)))
+        nonzero = finite[finite > 0]
+        flushed = np.count_nonzero(nonzero < FP16_FLUSHED_BELOW)
+        if self.first_flushed is None and flushed and flushed >= FLUSHED_SHARE * nonzero.size:
+            return Extent(largest, batch)
+        return self._replace(largest=largest)
+
+
 def activation_magnitudes(
     model: onnx.ModelProto, names: Sequence[str], batches: Iterable[Feeds], *, whole: bool = False,
     memory_budget: int = MEMORY_BUDGET_BYTES,
-) -> dict[str, float] | None:
-    """Largest finite magnitude of each float32 tensor `names` (graph inputs or node outputs) over `batches`, computed
-    by the FP32 model on ONNX Runtime's CPU provider with those tensors added as outputs; None when ONNX Runtime
-    refuses the model with them (a tensor typed wrongly by inference): the activations are then left unchecked.
+) -> dict[str, Extent] | None:
+    """The extent (Extent: largest finite magnitude, first batch holding a value FP16 flushes to 0) of each float32
+    tensor `names` (graph inputs or node outputs) over `batches`, computed by the FP32 model on ONNX Runtime's CPU
+    provider with those tensors added as outputs; None when ONNX Runtime refuses the model with them (a tensor typed
+    wrongly by inference): the activations are then left unchecked.
 
     Every exposed tensor of a run is alive at once (a vision model's activations of 16 rows run to gigabytes): a
     batch is run in parts of as many rows as fit in `memory_budget`, learnt from a first run of two rows; with `whole`
@@ -154,7 +187,7 @@ def activation_magnitudes(
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the FP32 model's values as written
     options.log_severity_level = 3
-    found = dict.fromkeys(names, 0.0)
+    found = dict.fromkeys(names, Extent(0.0))
     with tempfile.TemporaryDirectory(prefix="qbench-fp16-range-") as tmp:
         path = save_model(exposed, Path(tmp) / "exposed.onnx")  # a path: models over 2 GB keep external data
         try:
@@ -164,7 +197,7 @@ def activation_magnitudes(
             return None
         rows = None if whole else 2  # rows per run, until the first run tells a row's bytes
         per_call = session_per_call_inputs(session)
-        for feeds in batches:
+        for batch, feeds in enumerate(batches):
             size = len(next(iter(feeds.values())))
             start = 0
             while start < size:
@@ -177,7 +210,7 @@ def activation_magnitudes(
                 values = dict(zip(order, outputs, strict=True)) | part
                 for name in names:
                     if name in values:
-                        found[name] = max(found[name], _largest(np.asarray(values[name], dtype=np.float64)))
+                        found[name] = found[name].joined(np.asarray(values[name], dtype=np.float64), batch)
                 start += count
     return found
 
@@ -216,15 +249,20 @@ def out_of_fp16_range(
     computed += [name for node in graph.node if node.op_type != "Constant" for name in node.output
                  if name and types.get(name) == TensorProto.FLOAT]  # fmt: skip
     activations = activation_magnitudes(clamped, computed, batches, whole=whole) if computed else None
-    found = {name: value for name, value in (activations or {}).items() if name in touched and unrepresentable(value)}
+    extents = {name: extent for name, extent in (activations or {}).items() if name in touched}
+    found = {name: extent.largest for name, extent in extents.items() if unrepresentable(extent.largest)}
     outputs = {o.name for o in graph.output}
     why |= dict.fromkeys(found.keys() & outputs, "a graph output out of range: FP16 would hand it out clamped or inf")
-    verdict = _try_activations(clamped, batches, {name: value for name, value in found.items() if name not in outputs})
-    harmless |= {name: (found[name], change) for name, change in verdict.harmless.items()}
+    flushed = {name: extent.first_flushed for name, extent in extents.items()
+               if name not in found and name not in outputs and extent.first_flushed is not None}  # fmt: skip
+    verdict = _try_activations(clamped, batches, {name: value for name, value in found.items() if name not in outputs},
+                               flushed)  # fmt: skip
+    harmless |= {name: (found[name], change) for name, change in verdict.harmless.items() if name in found}
     limit = FP16_MAX_FINITE / HEADROOM
-    why |= _reasons(verdict, lambda name: f"overflowed to inf beyond {limit:g}" if found[name] > limit
+    why |= _reasons(verdict, lambda name: f"its values under {FP16_FLUSHED_BELOW:.3g} flushed to 0 as FP16 holds them"
+                    if name not in found else f"overflowed to inf beyond {limit:g}" if found[name] > limit
                     else "rounded to FP16's subnormals")  # fmt: skip
-    outside |= {name: value for name, value in found.items() if name not in harmless}
+    outside |= {name: extents[name].largest for name in [*found, *flushed] if name not in verdict.harmless}
     return _kept(converted, {n: v for n, v in outside.items() if n not in harmless}, why, harmless,
                  rows if activations is not None else 0)  # fmt: skip
 
@@ -297,20 +335,33 @@ def _try_constants(model: onnx.ModelProto, batches: Sequence[Feeds], names: Sequ
     return harmless_subset(names, lambda subset: session.change({name: clamped[name] for name in subset}))
 
 
-def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Mapping[str, float]) -> Verdict:
+def _try_activations(model: onnx.ModelProto, batches: Sequence[Feeds], found: Mapping[str, float],
+                     flushed: Mapping[str, int] | None = None) -> Verdict:  # fmt: skip
     """Which activations of `found` (name -> largest magnitude) the outputs tolerate overflowed (those beyond the
-    limit) or rounded to FP16 (those below its normals), compared with `model` (its harmless constants clamped: each
-    stage within HARMLESS_SPACINGS of the one before)."""
-    if not found:
+    limit) or rounded to FP16 (those below its normals), and which of `flushed` (in range, but holding values FP16
+    rounds to 0; name -> the first batch holding one) they tolerate with those values 0, compared with `model`
+    (its harmless constants clamped: each stage within HARMLESS_SPACINGS of the one before).
+
+    A flush moves a value by under 3e-8: most outputs move by as little, which matters only where it reaches FP16's
+    resolution at the output's own scale (a log of 0 is -inf; a LayerNorm output of 1e-7 moved by 2e-7 is noise
+    FP16 stores as no better), and only the batches holding the tensors tried are run (a trial of a transformer's
+    calibration sample per candidate group cost it seconds each)."""
+    flushed = dict(flushed or {})
+    tried = [*found, *flushed]
+    if not tried:
         return Verdict({}, {})
     limit = FP16_MAX_FINITE / HEADROOM
     try:
         session = TrialSession(model, batches,
                                overflowed={name: limit for name, value in found.items() if value > limit},
-                               rounded=[name for name, value in found.items() if value <= limit])  # fmt: skip
+                               rounded=[name for name, value in found.items() if value <= limit],
+                               flushed=flushed)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - then every one of them stays FP32, as without a trial
         if write_fault(exc):  # the disk's fault: a build without its trial would be stored under its key
             raise
         logger.warning("FP16 range: activations out of range not tried, ONNX Runtime refused the trial model: %s", exc)
-        return Verdict({}, dict.fromkeys(found))
-    return harmless_subset(list(found), lambda subset: session.change(switched=subset))
+        return Verdict({}, dict.fromkeys(tried))
+    beyond = harmless_subset(list(found), lambda subset: session.change(switched=subset))
+    under = harmless_by_halves(list(flushed), lambda subset: session.change(
+        switched=[*beyond.harmless, *subset], only={flushed[name] for name in subset}, at_scale=True))
+    return Verdict(beyond.harmless | under.harmless, beyond.harmful | under.harmful)

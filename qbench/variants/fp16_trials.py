@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +45,7 @@ _SWITCH = "qbench_fp16_trial/"
 
 
 FP16_SMALLEST_SUBNORMAL = 2.0**-24
+FP16_FLUSHED_BELOW = 2.0**-25  # a nonzero magnitude FP16 rounds to 0 (half its smallest subnormal, ties to even)
 
 
 def fp16_spacing(values: np.ndarray, floor: float = FP16_SMALLEST_SUBNORMAL) -> np.ndarray:
@@ -62,8 +63,9 @@ def spacing_floor(values: np.ndarray) -> float:
     return min(FP16_SMALLEST_SUBNORMAL, float(fp16_spacing(np.array([largest]), floor=0.0)[0]))
 
 
-def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) -> float:
-    """The largest change of any output value, in FP16 spacings at the reference value (module docstring)."""
+def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray], at_scale: bool = False) -> float:
+    """The largest change of any output value, in FP16 spacings at the reference value (module docstring), or with
+    `at_scale` at the output's largest magnitude (the resolution FP16 gives the output as a whole)."""
     worst = 0.0
     for want, have in zip(reference, got, strict=True):
         want, have = np.asarray(want), np.asarray(have)
@@ -79,6 +81,8 @@ def output_change(reference: Sequence[np.ndarray], got: Sequence[np.ndarray]) ->
             return float("inf")
         if np.any(finite):
             spacing = fp16_spacing(want[finite], spacing_floor(want[finite]))
+            if at_scale:
+                spacing = np.maximum(spacing, fp16_spacing(np.abs(want[finite]).max(keepdims=True)))
             moved = np.abs(have[finite].astype(np.float64) - want[finite]) / spacing
             worst = max(worst, float(moved.max()))
     return worst
@@ -116,6 +120,28 @@ def harmless_subset(names: Sequence[str], change: Callable[[Sequence[str]], floa
     return Verdict(harmless, harmful)
 
 
+def harmless_by_halves(names: Sequence[str], change: Callable[[Sequence[str]], float]) -> Verdict:
+    """Which of `names` the model tolerates, as `harmless_subset` tells it, for many candidates of which few are
+    harmful (every activation holding a value FP16 flushes to 0: each softmax beside one log of a power): a group
+    that moves the outputs is halved until its harmful members stand alone, so every candidate is tried whatever
+    their number, in about two runs per harmful one and level of halving; then the harmless ones together again."""
+    harmless: dict[str, float] = {}
+    harmful: dict[str, float | None] = {}
+    groups = [list(names)] if names else []
+    while groups:
+        group = groups.pop()
+        moved = change(group)
+        if moved <= HARMLESS_SPACINGS:
+            harmless |= dict.fromkeys(group, moved)
+        elif len(group) == 1:
+            harmful[group[0]] = moved
+        else:
+            groups += [group[len(group) // 2 :], group[: len(group) // 2]]
+    if harmful and len(harmless) > 1 and (together := change(list(harmless))) > HARMLESS_SPACINGS:
+        return Verdict({}, harmful | dict.fromkeys(harmless, together))
+    return Verdict(harmless, harmful)
+
+
 def clamped_as_converted(values: np.ndarray, min_positive: float, max_finite: float) -> np.ndarray:
     """`values` as the FP16 converters leave their range: beyond +-max_finite clamped to it, nonzero values below
     min_positive raised to it, values below FP16's smallest normal rounded to FP16 (its subnormals keep fewer bits).
@@ -129,15 +155,17 @@ def clamped_as_converted(values: np.ndarray, min_positive: float, max_finite: fl
 
 class TrialSession:
     """One ONNX Runtime session of the FP32 model in which `constants` are graph inputs and each of `overflowed`
-    (activation -> the magnitude beyond which it becomes inf) and `rounded` (activations rounded to FP16 through a
-    Cast pair) has a switch; `change(...)` runs the calibration sample and compares with the run that alters nothing.
+    (activation -> the magnitude beyond which it becomes inf), `rounded` (activations rounded to FP16 through a
+    Cast pair) and `flushed` (activations whose values FP16 rounds to 0 become 0, the others kept) has a switch;
+    `change(...)` runs the calibration sample and compares with the run that alters nothing.
     """
 
     def __init__(self, model: onnx.ModelProto, batches: Sequence[Feeds], constants: Iterable[str] = (),
-                 overflowed: Mapping[str, float] | None = None, rounded: Iterable[str] = ()) -> None:  # fmt: skip
+                 overflowed: Mapping[str, float] | None = None, rounded: Iterable[str] = (),
+                 flushed: Iterable[str] = ()) -> None:  # fmt: skip
         self.batches = batches
         trial, self.constants = _constants_as_inputs(model, set(constants))
-        self.switches = _add_switches(trial, dict(overflowed or {}), set(rounded))
+        self.switches = _add_switches(trial, dict(overflowed or {}), set(rounded), set(flushed))
         self.outputs = [o.name for o in trial.graph.output]
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # the FP32 model as written
@@ -158,12 +186,17 @@ class TrialSession:
         flags = {flag: np.array(name in on) for name, flag in self.switches.items()}
         return self.session.run(self.outputs, {**fed_per_call(feeds, self.per_call), **values, **flags})
 
-    def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = ()) -> float:
-        """The largest output change over the calibration sample (output_change), against the unaltered model."""
+    def change(self, constants: Mapping[str, np.ndarray] | None = None, switched: Iterable[str] = (),
+               only: Collection[int] | None = None, at_scale: bool = False) -> float:  # fmt: skip
+        """The largest output change over the calibration sample, or its batches `only` (output_change, `at_scale`
+        as there), against the unaltered model."""
         worst = 0.0
         switched = list(switched)
         for index, feeds in enumerate(self.batches):
-            worst = max(worst, output_change(self._reference_for(index, feeds), self.run(feeds, constants, switched)))
+            if only is not None and index not in only:
+                continue
+            got = self.run(feeds, constants, switched)
+            worst = max(worst, output_change(self._reference_for(index, feeds), got, at_scale))
             if worst == float("inf"):
                 break
         return worst
@@ -196,11 +229,12 @@ def _constants_as_inputs(model: onnx.ModelProto, names: set[str]) -> tuple[onnx.
     return trial, values
 
 
-def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded: set[str]) -> dict[str, str]:
+def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded: set[str],
+                  flushed: set[str]) -> dict[str, str]:  # fmt: skip
     """Put a switch on each tried activation of `model`, in place: its main-graph readers read
     Where(switch, altered, original) instead. Returns activation -> the switch's bool input."""
     graph = model.graph
-    tried = [*overflowed, *sorted(rounded - set(overflowed))]
+    tried = [*overflowed, *sorted((rounded | flushed) - set(overflowed))]
     if not tried:
         return {}
     switches = {name: f"{_SWITCH}{index}/on" for index, name in enumerate(tried)}
@@ -208,15 +242,9 @@ def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded:
     for index, name in enumerate(tried):
         prefix, altered = f"{_SWITCH}{index}/", f"{_SWITCH}{index}/altered"
         if name in overflowed:  # |x| beyond the limit -> x * inf: FP16 arithmetic overflows to inf, it does not clamp
-            graph.initializer.extend([numpy_helper.from_array(np.array(overflowed[name], np.float32), prefix + "limit"),
-                                      numpy_helper.from_array(np.array(np.inf, np.float32), prefix + "inf")])  # fmt: skip
-            nodes = [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
-                     helper.make_node("Greater", [prefix + "abs", prefix + "limit"], [prefix + "over"],
-                                      name=prefix + "over"),
-                     helper.make_node("And", [prefix + "over", switches[name]], [prefix + "hit"], name=prefix + "hit"),
-                     helper.make_node("Mul", [name, prefix + "inf"], [prefix + "inf_x"], name=prefix + "inf_x"),
-                     helper.make_node("Where", [prefix + "hit", prefix + "inf_x", name], [altered],
-                                      name=altered)]  # fmt: skip
+            nodes = _altered_beyond(graph, name, prefix, switches[name], ("Greater", overflowed[name]), np.inf)
+        elif name in flushed:  # |x| under half FP16's smallest subnormal -> x * 0: FP16 holds it as 0, sign kept
+            nodes = _altered_beyond(graph, name, prefix, switches[name], ("Less", FP16_FLUSHED_BELOW), 0.0)
         else:  # every value below FP16's normals: FP16 holds it as a subnormal, or 0
             nodes = [helper.make_node("Cast", [name], [prefix + "half"], name=prefix + "half", to=TensorProto.FLOAT16),
                      helper.make_node("Cast", [prefix + "half"], [prefix + "back"], name=prefix + "back",
@@ -234,3 +262,18 @@ def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded:
     graph.ClearField("node")
     graph.node.extend(order)
     return switches
+
+
+def _altered_beyond(graph: onnx.GraphProto, name: str, prefix: str, switch: str, bound: tuple[str, float],
+                    factor: float) -> list[onnx.NodeProto]:  # fmt: skip
+    """The nodes writing `prefix`altered: `name` times `factor` where its magnitude compares with `bound` (an op
+    type, Greater or Less, and a limit) and `switch` is on, `name` elsewhere; their constants join `graph`."""
+    compare, limit = bound
+    graph.initializer.extend([numpy_helper.from_array(np.array(limit, np.float32), prefix + "limit"),
+                              numpy_helper.from_array(np.array(factor, np.float32), prefix + "factor")])  # fmt: skip
+    return [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
+            helper.make_node(compare, [prefix + "abs", prefix + "limit"], [prefix + "hit_any"], name=prefix + "hit_any"),
+            helper.make_node("And", [prefix + "hit_any", switch], [prefix + "hit"], name=prefix + "hit"),
+            helper.make_node("Mul", [name, prefix + "factor"], [prefix + "scaled"], name=prefix + "scaled"),
+            helper.make_node("Where", [prefix + "hit", prefix + "scaled", name], [prefix + "altered"],
+                             name=prefix + "altered")]  # fmt: skip

@@ -508,3 +508,19 @@ def test_rows_fp32_gives_nan_on_are_no_changed_decisions_of_a_variant():
     report = evaluate_gate(sweep(*variants), SPEC)
     assert report.exit_code == EXIT_PASS, report.problems
     assert round(report.checks[0].drop, 6) == 0.003
+
+
+def test_a_drop_of_tokens_is_not_told_as_a_count_of_rows():
+    """A per-frame output (400 rows x 15 frames): accuracy over 6,000 scored frames, judged as the same share of the
+    400 rows. The message said "its drop of 17 of the 400 rows", a count no row holds: 255 frames dropped, on 40
+    rows. It now gives the units' count and says how they are judged."""
+    per_token = {"accuracy": 6000}
+    reference = SliceMetrics("overall", 400, {"accuracy": 5425 / 6000}, denominators=per_token)
+    variant = SliceMetrics("overall", 400, {"accuracy": 5170 / 6000}, denominators=per_token)
+    spec = SPEC.model_copy(update={"max_drop": 0.05})
+    report = evaluate_gate(sweep(result("fp32", reference), result("int8", variant)), spec)
+    assert report.exit_code == EXIT_UNUSABLE
+    (problem,) = report.problems
+    assert ("overall accuracy on 400 rows: its drop of 0.0425 (255 of its 6000 scored units, judged as the same share "
+            "of its 400 rows: a row's units are not independent) is within the tolerance") in problem
+    assert "17 of the 400 rows" not in problem

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qbench.gate.resolution import binomial_tail
 from qbench.results.schema import Kept
 from qbench.validate.kept import (
     CHANCE,
@@ -66,13 +65,6 @@ def test_a_labels_on_decisions_are_compared_with_the_on_decisions_of_the_labels_
     predicted[:5, 0] = 0
     kept = decisions_kept(predicted, reference)
     assert (kept.component, kept.own, kept.chance) == ("label 0 on", 0.0, pytest.approx(8 * 0.2**5)) and lost(kept)
-
-
-def test_binomial_tail_against_hand_computed_values():
-    # P(X >= 3), X ~ Binomial(5, 0.1): 10 * 0.1^3 * 0.9^2 + 5 * 0.1^4 * 0.9 + 0.1^5 = 0.0081 + 0.00045 + 0.00001
-    assert binomial_tail(3, 5, 0.1) == pytest.approx(0.00856)
-    assert (binomial_tail(0, 5, 0.1), binomial_tail(1, 5, 0.0), binomial_tail(5, 5, 1.0)) == (1.0, 0.0, 1.0)
-    assert binomial_tail(5, 5, 0.5) == pytest.approx(1 / 32)
 
 
 def _many_classes(lost_rows: int) -> tuple[np.ndarray, np.ndarray]:

@@ -7,8 +7,10 @@ import numpy as np
 from qbench.variants.fp16_trials import (
     HARMLESS_SPACINGS,
     MAX_SINGLE_TRIALS,
+    Verdict,
     clamped_as_converted,
     fp16_spacing,
+    harmless_by_halves,
     harmless_subset,
     output_change,
     spacing_floor,
@@ -61,3 +63,27 @@ def test_harmless_alone_is_not_harmless_together_and_the_trials_are_bounded():
     runs = []
     bounded = harmless_subset(names, lambda subset: runs.append(subset) or 1.0)
     assert len(runs) == 1 + MAX_SINGLE_TRIALS and bounded.harmful[names[-1]] is None and not bounded.harmless
+
+
+def test_halving_finds_one_harmful_tensor_among_many_and_tries_every_one():
+    """Forty softmax-like tensors with values FP16 flushes to 0 beside one log input: halving the failed group finds
+    the log input in about two runs per level, where trying one by one leaves all but MAX_SINGLE_TRIALS untried."""
+    names = [f"softmax{i}" for i in range(40)]
+    names.insert(33, "log_input")
+    runs = []
+
+    def change(subset):
+        runs.append(tuple(subset))
+        return float("inf") if "log_input" in subset else 0.0
+
+    verdict = harmless_by_halves(names, change)
+    assert verdict.harmful == {"log_input": float("inf")}
+    assert set(verdict.harmless) == set(names) - {"log_input"}
+    assert len(runs) <= 2 * 6 + 2  # 41 names: 6 levels of halving, two runs each, the first, the harmless together
+    assert set(runs[-1]) == set(names) - {"log_input"}  # the harmless ones together again, last
+    assert harmless_by_halves([], change) == Verdict({}, {})
+
+
+def test_halving_takes_none_whose_harmless_halves_move_the_outputs_together():
+    verdict = harmless_by_halves(["a", "b", "bad"], lambda subset: 1e3 if "bad" in subset or len(subset) == 2 else 0.0)
+    assert verdict.harmless == {} and set(verdict.harmful) == {"a", "b", "bad"}
