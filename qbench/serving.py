@@ -160,7 +160,8 @@ def _with_load(
     from qbench.backends.base import needs_gpu
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing
     from qbench.validate.load import Batcher, Draws, HostWork, LoadReplay
-    from qbench.validate.load_search import judge_rate, search_max_rate
+    from qbench.validate.load_search import search_max_rate
+    from qbench.validate.load_verdict import judge_rate
     from qbench.validate.serve import served_max_rate, settling_runs
 
     settings = load_settings(slo, backend, batch_sizes)

@@ -344,8 +344,9 @@ def test_sweep_and_gate_exit_1_on_a_tight_budget_and_0_when_loosened(tmp_path, m
     results = read_results(latest_results(load_recipe(recipe)))
     for variant in results.variants:
         serving = variant.serving
-        # the recipe's 500 requests, a pass confirmed on 4x as many (judge_rate): the figures are those of the 2,000
-        assert serving.at_rate.requests == 2000 and serving.max_rate_rps > 200.0
+        # the recipe's 500 requests: far below capacity they span the queue's relaxation times many times over, and
+        # show the pass alone (judge_rate)
+        assert serving.at_rate.requests == 500 and serving.max_rate_rps > 200.0
         point = variant.latency.at(16)
         assert serving.usd_per_million["b16"] == pytest.approx(0.36 / 3600 / point.items_per_s * 1e6)
         assert serving.bound.verdict in ("memory-bound", "compute-bound", "overhead-bound")

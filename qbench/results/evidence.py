@@ -66,6 +66,10 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
              "over it (a breach shown by the share over it down to its confidence bound, on replays independent of "
              "each other, not by one replay's p99)", "a breach of the SLO's simulated p99 at the budget's rate",
              slo=True),
+    Evidence("at_rate_pooled", "each serving's at_rate and at_rate_undecided (the simulated verdict at the budget's "
+             "rate over the pooled cycles of independent replays, a pass only on a pool spanning 512 relaxation times: "
+             "a rate over its budget passed 2 of 40 seeds near capacity before)", "the SLO's simulated p99 at the "
+             "budget's rate", slo=True),
 )}  # fmt: skip
 
 RECORDED: tuple[str, ...] = tuple(EVIDENCE)

@@ -5,9 +5,9 @@
       transfer_ms_b1          GPU backends that time the device apart: host p50 - device p50 at batch 1 (copies)
       budget_ms, rate_rps, batch_size, max_batch_size, max_queue_delay_ms, requests, seed
                               the SLO and load settings the figures were simulated with (null without `slo:`)
-      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only), replayed on more requests
-                              while its p99 was neither shown within nor over the budget (qbench.validate.load_search.
-                              judge_rate)
+      at_rate LoadStats       the load scenario at the SLO's rate_rps (rate budgets only), over independent replays
+                              pooled, more of them while its p99 was neither shown within nor over the budget
+                              (qbench.validate.load_verdict.judge_rate)
       at_rate_undecided       the most requests allowed still could not tell (no verdict on the rate rests on it)
       served_at_rate LoadStats
                               a real in-process server's figures at the SLO's rate_rps (rate budgets only)

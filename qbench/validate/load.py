@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -39,7 +39,7 @@ from numpy.typing import ArrayLike
 
 from qbench.errors import QbenchError
 from qbench.results.serving import LoadStats
-from qbench.validate.tail import ShareOver, TailBound, Verdict, regenerations, tail_share_bound
+from qbench.validate.tail import Cycles, ShareOver, TailBound, Verdict, regenerations, tail_share_bound
 
 
 class ServiceTimes(Protocol):
@@ -174,13 +174,13 @@ class Draws:
     seed: int | None = None
 
     @classmethod
-    def make(cls, requests: int, seed: int, *, stream: int = 0) -> Draws:
-        """`requests` draws of `seed`; another `stream` (a positive number) draws from a stream of the seed independent
-        of stream 0's and of every other one's (the same seed alone began its draws with stream 0's: a replay on more
-        requests held the first one's arrivals, and a run quiet or unlucky by chance carried its luck on)."""
+    def make(cls, requests: int, seed: int, *, stream: Sequence[int] = ()) -> Draws:
+        """`requests` draws of `seed`; a `stream` (numbers >= 0) draws from a stream of the seed independent of the
+        seed's own and of every other stream's (the same seed alone began its draws with the seed's own: a replay on
+        more requests held the first one's arrivals, and a run quiet or unlucky by chance carried its luck on)."""
         if requests <= 0:
             raise QbenchError(f"requests must be positive, got {requests}")
-        rng = np.random.default_rng(seed if stream == 0 else [seed, stream])
+        rng = np.random.default_rng([seed, *stream] if stream else seed)
         return cls(rng.exponential(1.0, size=requests), rng.random(size=requests), seed)
 
     @property
@@ -233,14 +233,15 @@ class LoadReplay:
             self._full = self.service.service_ms(self.batcher.max_batch_size, self.draws.quantiles)
         return self._full
 
-    def with_requests(self, requests: int, *, independent: bool = False) -> LoadReplay:
+    def with_requests(self, requests: int, *, independent: bool = False, again: int = 0) -> LoadReplay:
         """The same server replaying `requests` draws of the same seed (draws given by hand cannot grow): the seed's
         first ones, which begin with these draws' arrivals (a search's rounds: qbench.validate.load_search), or, where
-        `independent`, a stream of the seed of their own, independent of these draws and of any other number's."""
+        `independent`, a stream of the seed of their own, independent of these draws and of those of any other
+        `requests` or `again` (the how-many-th independent replay of as many requests, from 0)."""
         if self.draws.seed is None:
             raise QbenchError("draws given by hand cannot be extended: make them with Draws.make")
-        draws = Draws.make(requests, self.draws.seed, stream=requests if independent else 0)
-        return type(self)(self.service, self.batcher, draws)
+        stream = ((requests, again) if again else (requests,)) if independent else ()
+        return type(self)(self.service, self.batcher, Draws.make(requests, self.draws.seed, stream=stream))
 
     def at(self, rate_rps: float, *, overhead_ms: float = 0.0) -> LoadStats:
         """Poisson arrivals at `rate_rps`, every request served; `overhead_ms` (per-request time outside the model
@@ -252,6 +253,12 @@ class LoadReplay:
         over it with its upper confidence bound over the regenerative cycles (qbench.validate.tail)."""
         stats, latencies, first = self._whole(rate_rps, overhead_ms)
         return stats, tail_share_bound(latencies, first, budget_ms)
+
+    def run(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[LoadStats, np.ndarray, Cycles]:
+        """The figures at `rate_rps` (as `at`), each request's latency, and the requests over `budget_ms` in each
+        regenerative cycle of the run, to be pooled with other runs' (qbench.validate.tail.Cycles)."""
+        stats, latencies, first = self._whole(rate_rps, overhead_ms)
+        return stats, latencies, Cycles.of(latencies, first, budget_ms)
 
     def verdict(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
         """Whether the p99 at `rate_rps` is shown within `budget_ms` (a rate at or above capacity, or whose simulated
@@ -404,6 +411,20 @@ def capacity_rps(service: ServiceTimes, batch_size: int) -> float:
     the digits CNN at batch 32 on a busy 2-CPU machine)."""
     mean_ms = float(np.mean(service.service_ms(batch_size, _QUANTILE_GRID)))
     return batch_size * 1000.0 / max(mean_ms, 1e-9)
+
+
+def relaxation_requests(service: ServiceTimes, batch_size: int, rate_rps: float) -> float:
+    """The arrivals over which one instance serving full `batch_size` batches at `rate_rps` forgets a burst (inf at or
+    above capacity): its heavy-traffic relaxation time, rho^2 (1 + b cv^2) / (1 - rho)^2 at load rho = rate /
+    `capacity_rps`, where cv is the full batch's service-time variation (the arrivals' and the services' variance
+    over the square of the drift that drains the queue). Near capacity the requests over a budget come in excursions
+    of this order, and a run spanning few of them shows a share over the budget that is low by chance too often."""
+    load = rate_rps / capacity_rps(service, batch_size)
+    if load >= 1:
+        return math.inf
+    times = service.service_ms(batch_size, _QUANTILE_GRID)
+    variation = float(np.var(times) / max(float(np.mean(times)) ** 2, 1e-18))
+    return load**2 * (1 + batch_size * variation) / (1 - load) ** 2
 
 
 def throughput_falls(service: ServiceTimes, batch_size: int) -> bool:

@@ -11,6 +11,14 @@ few rare clusters whose share grows about as the rate does, so the rate 5 % abov
 far the requests grow: a digits MLP timed on 2 CPUs at load 4-6 took 98 simulations and 2.7 million batches (11-20
 s) to end unsettled at 320,000 requests. The budget stops such a search before a round it cannot afford, unsettled,
 and claims the lower of its last two searches' rates.
+
+Shared draws, knowingly: every rate of a round replays the round's draws (a bisection on one sample sees one curve;
+draws of their own at each rate would claim the highest of many noisy passes), and a round's draws begin with the
+last round's. That sharing makes two rounds agree more readily, but each round's draws are the seed's first ones, as
+likely quiet as any, so it does not bias the claim: batch 1 in 0.5 ms, 8 in 1 ms and 32 in 8 ms behind a batcher of 32
+(2 ms delay, 20 ms budget; 0.82 % of 10 million requests over it at 3,937.5 req/s, 1.79 % at 3,950), seeds 0-19,
+claimed 3,688-3,938 req/s (mean 3,850) with shared rounds and 3,750-3,938 (3,869) with independent ones, none over
+the budget either way. The verdict at the budget's own rate (qbench.validate.load_verdict) pools independent replays.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from qbench.errors import QbenchError
 from qbench.results.serving import LoadStats
 from qbench.validate.load import LoadReplay, throughput_falls
-from qbench.validate.tail import TAIL_SHARE, Verdict
+from qbench.validate.tail import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +65,6 @@ MAX_REQUESTS = 320_000  # the search extends its simulation up to this many requ
 # (a round costs about GROWTH times the one before; 1,000,000 batches are about 1.5 s of one 2-CPU machine's core)
 MAX_BATCHES = 1_000_000
 GROWTH = 4
-# the verdict at one rate (judge_rate) may replay GROWTH times the search's requests (about 0.4 GB and 1-2 s at
-# 1,280,000: a rate whose bound the search's most requests left undecided is often decided there)
-JUDGE_MAX_REQUESTS = MAX_REQUESTS * GROWTH
 RESOLUTION = 0.05  # the bound is tight enough when the rate this much higher is shown over the budget
 
 
@@ -191,56 +196,3 @@ def _search_once(
     else:  # capacity places the edge, unless full batches are the slowest (throughput_falls): see the docstring
         undecided = throughput_falls(replay.service, replay.batcher.max_batch_size)
     return RateSearch(budget_ms, low, best, runs, requests, undecided)
-
-
-def judge_rate(
-    replay: LoadReplay, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0,
-    max_requests: int = JUDGE_MAX_REQUESTS, max_batches: int | None = None,
-) -> tuple[LoadStats, Verdict]:  # fmt: skip
-    """The figures at `rate_rps` and whether they show its p99 within `budget_ms` (qbench.validate.tail: PASS where
-    the upper confidence bound of the share of requests over it is within TAIL_SHARE, FAIL where the lower one is
-    over, or the rate is at or above capacity; else UNDECIDED), a verdict standing only where the next replay, on
-    GROWTH times the requests and draws independent of this one's, gives it too: replayed on more requests while
-    undecided or not yet confirmed, up to `max_requests` and before a round that would take it past `max_batches`
-    (None: the requests bound it; the verdict then stands as the last replay gave it, but where the replay before it
-    gave the opposite one: two independent replays, one within the budget and one over it, show neither, UNDECIDED);
-    the figures are the last replay's. The verdict at one rate is a gate's, and cheap beside a search (one rate, not dozens), so it may run
-    GROWTH times further than the search, whatever the batches (at batch size 1, 1.7 million, about 3 s). Near capacity a replay of 5,000 requests holds few of the long queues the requests over a budget come
-    in: M/D/1 at 460 req/s of 500 (true p99 57.3 ms) showed a p99 within a 45.8 ms budget on 5 of 10 seeds, and one
-    at 480 req/s (114.9 ms) passed even the upper confidence bound. Nor is one replay's share over 1 % a breach:
-    batch 1 in 0.5 ms, 8 in 1 ms and 32 in 8 ms behind a batcher of 32 at 3,900 of its 4,000 req/s (0.2 % of
-    requests over a 20 ms budget in 2 million) breached on 7 of 40 seeds, its p99 over the budget in one replay of
-    20,000-80,000 requests that held one excursion into full batches (tests/validate/test_load_rate.py)."""
-    spent, previous = 0, None
-    # near a capacity that full batches, the slowest per request, set (throughput_falls: rare, long excursions into
-    # them), a verdict stands only on the most requests: at 3,980 of 4,000 req/s (true p99 81.6 ms against 20) 7 of 10
-    # seeds passed on 5,000 and 20,000. There one cycle can hold most of a run's requests over the budget (45,897 of
-    # 1,280,000 at 3,980 req/s), so no bound over cycles shows a breach: two independent replays each with more than
-    # TAIL_SHARE over it do
-    rare = rate_rps * (1 + RESOLUTION) >= replay.capacity_rps and throughput_falls(replay.service, replay.batcher.max_batch_size)
-    confirmed_at = max_requests if rare else 0
-    while True:
-        before = replay.batches
-        stats, bound = replay.within(rate_rps, budget_ms, overhead_ms=overhead_ms)
-        this_round = replay.batches - before
-        spent += this_round
-        if stats.overloaded:  # no replay sustains a rate at or above capacity
-            return stats, Verdict.FAIL
-        judged, requests = bound.verdict(), replay.draws.requests
-        if rare and judged is Verdict.UNDECIDED and bound.share > TAIL_SHARE:  # see `rare`: replays, not cycles, tell
-            judged = Verdict.FAIL
-        more = min(requests * GROWTH, max_requests)
-        if judged is previous and judged is not Verdict.UNDECIDED and (judged is Verdict.FAIL or requests >= confirmed_at):
-            return stats, judged
-        if requests >= max_requests or replay.draws.seed is None:
-            return stats, _unconfirmed(judged, previous)
-        if max_batches is not None and spent + this_round * more / requests > max_batches:
-            return stats, _unconfirmed(judged, previous)
-        previous, replay = judged, replay.with_requests(more, independent=True)
-
-
-def _unconfirmed(judged: Verdict, previous: Verdict | None) -> Verdict:
-    """The verdict of replays that end unconfirmed: the last one's, UNDECIDED where the one before it said the opposite.
-    At 3,950 req/s of the batch 1/8/32 model (1.6-2.1 % over a 20 ms budget) 1 of 40 seeds passed on 1,280,000
-    requests after 320,000 independent ones breached, and the gate passed it."""
-    return Verdict.UNDECIDED if {judged, previous} == {Verdict.PASS, Verdict.FAIL} else judged

@@ -21,13 +21,13 @@ left when the one with the most requests over it is taken out (the worst cluster
 and none (0) where fewer than MIN_CLUSTERS cycles hold any. A share over 1 % on one replay is not a breach shown:
 near a capacity full batches set, the requests over a budget come in rare excursions hundreds of requests long, and
 one of them in a replay of 80,000 requests put 1 % over a 20 ms budget that the server meets (0.03 % over it in 2
-million requests; tests/validate/test_load_rate.py).
+million requests; tests/validate/test_load_verdict.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from statistics import NormalDist
 
@@ -80,34 +80,63 @@ def regenerations(first: ArrayLike, counts: ArrayLike, starts_ms: ArrayLike, arr
     return first[alone]
 
 
+@dataclass(frozen=True)
+class Cycles:
+    """The regenerative cycles of one or more runs: each cycle's requests over a threshold and its requests. Runs that
+    each begin at a regeneration (an idle model, no request waiting: every replay of a simulation does) and draw
+    independently of each other give independent cycles of one distribution, so their cycles pool (`joined`) into
+    one sample, as one longer run's would."""
+
+    over: np.ndarray
+    sizes: np.ndarray
+
+    @classmethod
+    def of(cls, latencies_ms: ArrayLike, first: ArrayLike, threshold_ms: float) -> Cycles:
+        """The cycles beginning at the request indices `first` (`regenerations`); requests before the first cycle are
+        left out."""
+        first = np.asarray(first, dtype=np.int64)
+        latencies = np.asarray(latencies_ms, dtype=np.float64)
+        if latencies.ndim != 1 or latencies.size == 0 or np.any(np.diff(first) <= 0) or np.any(first >= latencies.size):
+            raise QbenchError("cycles must start at rising indices within the latencies")
+        if first.size == 0:
+            return cls(np.zeros(0), np.zeros(0, dtype=np.int64))
+        latencies, first = latencies[first[0] :], first - first[0]
+        over = np.add.reduceat((latencies > threshold_ms).astype(np.float64), first)
+        return cls(over, np.diff(np.append(first, latencies.size)))
+
+    def joined(self, other: Cycles) -> Cycles:
+        return Cycles(np.concatenate([self.over, other.over]), np.concatenate([self.sizes, other.sizes]))
+
+    @property
+    def requests(self) -> int:
+        return int(self.sizes.sum())
+
+    def bound(self, confidence: float = CONFIDENCE) -> TailBound:
+        """The share of the requests over the threshold, with its confidence bounds (see the module doc)."""
+        if not 0.5 <= confidence < 1:
+            raise QbenchError(f"confidence must be in [0.5, 1), got {confidence}")
+        over, sizes, cycles = self.over, self.sizes, self.over.size
+        share = float(over.sum() / sizes.sum()) if cycles else math.nan
+        if cycles < MIN_CYCLES:
+            return TailBound(share, 1.0, cycles)
+        z, worst, clusters = NormalDist().inv_cdf(confidence), int(np.argmax(over)), int(np.count_nonzero(over))
+        copies = max(MIN_CLUSTERS - clusters, 1)
+        upper = _ratio_bound(np.append(over, np.full(copies, over[worst])), np.append(sizes, np.full(copies, sizes[worst])), z)
+        lower = 0.0
+        if clusters > MIN_CLUSTERS:  # MIN_CLUSTERS holding some once the worst is out
+            lower = max(_ratio_bound(np.delete(over, worst), np.delete(sizes, worst), -z), 0.0)
+        return TailBound(share, min(upper, 1.0), cycles, lower)
+
+
 def tail_share_bound(
     latencies_ms: ArrayLike, first: ArrayLike, threshold_ms: float, confidence: float = CONFIDENCE
 ) -> TailBound:
-    """The share of `latencies_ms` over `threshold_ms`, and its upper confidence bound over the regenerative cycles
-    that begin at the request indices `first` (`regenerations`; see the module doc); requests before the first cycle
-    are left out."""
-    first = np.asarray(first, dtype=np.int64)
-    latencies = np.asarray(latencies_ms, dtype=np.float64)
-    if latencies.ndim != 1 or latencies.size == 0 or np.any(np.diff(first) <= 0) or np.any(first >= latencies.size):
-        raise QbenchError("cycles must start at rising indices within the latencies")
-    if not 0.5 <= confidence < 1:
-        raise QbenchError(f"confidence must be in [0.5, 1), got {confidence}")
-    if first.size == 0:  # no regeneration at all: nothing is shown
-        return TailBound(float(np.mean(latencies > threshold_ms)), 1.0, 0)
-    latencies, first = latencies[first[0] :], first - first[0]
-    sizes = np.diff(np.append(first, latencies.size))
-    over = np.add.reduceat((latencies > threshold_ms).astype(np.float64), first)
-    share = float(over.sum() / sizes.sum())
-    cycles = first.size
-    if cycles < MIN_CYCLES:
-        return TailBound(share, 1.0, cycles)
-    z, worst, clusters = NormalDist().inv_cdf(confidence), int(np.argmax(over)), int(np.count_nonzero(over))
-    copies = max(MIN_CLUSTERS - clusters, 1)
-    upper = _ratio_bound(np.append(over, np.full(copies, over[worst])), np.append(sizes, np.full(copies, sizes[worst])), z)
-    lower = 0.0
-    if clusters > MIN_CLUSTERS:  # MIN_CLUSTERS holding some once the worst is out
-        lower = max(_ratio_bound(np.delete(over, worst), np.delete(sizes, worst), -z), 0.0)
-    return TailBound(share, min(upper, 1.0), cycles, lower)
+    """The share of `latencies_ms` over `threshold_ms`, and its confidence bounds over the regenerative cycles that
+    begin at the request indices `first` (`Cycles.of`; see the module doc); no regeneration at all: the share of them
+    all, shown neither within nor over."""
+    cycles = Cycles.of(latencies_ms, first, threshold_ms)
+    bound = cycles.bound(confidence)
+    return bound if cycles.over.size else replace(bound, share=float(np.mean(np.asarray(latencies_ms) > threshold_ms)))
 
 
 def _ratio_bound(over: np.ndarray, sizes: np.ndarray, z: float) -> float:

@@ -263,13 +263,14 @@ def test_results_lacking_project_modules_are_unusable_only_where_the_recipe_name
     assert all("record no project_modules (" in problem for problem in problems)
 
 
-@pytest.mark.parametrize("kind", ["at_rate_bound", "at_rate_breach_bound"])
+@pytest.mark.parametrize("kind", ["at_rate_bound", "at_rate_breach_bound", "at_rate_pooled"])
 def test_results_whose_simulated_p99_at_the_rate_was_one_replays_cannot_be_judged_on_an_slo(kind):
     """Results written before the simulated p99 at the budget's rate was shown within the budget by the search's bound
     hold one replay's p99 (within the budget near capacity where the truth was 25 % to 2.5x over) and no
     at_rate_undecided; those written before a breach there was shown by the lower bound on independent replays hold
-    one replay's p99 over it (a rate the server meets breached on 7 of 40 seeds): an SLO judged on either is refused
-    (exit 2); a gate without an SLO reads none of it."""
+    one replay's p99 over it (a rate the server meets breached on 7 of 40 seeds); those written before the verdict
+    pooled its replays and asked a pool spanning many relaxation times of a pass passed a rate over its budget on 2 of
+    40 seeds near capacity: an SLO judged on any of them is refused (exit 2); a gate without an SLO reads none of it."""
     logits, labels = _rare_class()
     raw = _raw(logits, logits.copy(), labels)
     raw["evidence"] = [name for name in raw["evidence"] if name != kind]

@@ -18,6 +18,7 @@ from qbench.validate.load import (
     LoadReplay,
     MeasuredServiceTimes,
     capacity_rps,
+    relaxation_requests,
     simulate,
 )
 from qbench.validate.load_search import search_max_rate
@@ -455,3 +456,11 @@ def test_host_work_adds_each_rows_pre_processing_to_its_batch_and_lowers_capacit
     assert capacity_rps(shared, 32) == pytest.approx(32_000 / 3.6)
     with pytest.raises(QbenchError, match="per_row_ms"):
         HostWork(FixedServiceTime(2.0), -0.1)
+
+
+def test_the_relaxation_time_by_hand():
+    """rho^2 (1 + b cv^2) / (1 - rho)^2 arrivals: M/D/1 at 450 of its 500 req/s, 0.81 / 0.01 = 81; a service of 1 or
+    3 ms (mean 2, cv^2 = 1 / 4) at 250 req/s, 0.25 * 1.25 / 0.25 = 1.25; at or above capacity, never."""
+    assert relaxation_requests(FixedServiceTime(D_MS), 1, 450.0) == pytest.approx(81.0)
+    assert relaxation_requests(MeasuredServiceTimes({1: np.array([1.0, 3.0])}), 1, 250.0) == pytest.approx(1.25)
+    assert relaxation_requests(FixedServiceTime(D_MS), 1, 500.0) == math.inf

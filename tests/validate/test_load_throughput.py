@@ -16,7 +16,8 @@ from qbench.validate.load import (
     capacity_rps,
     throughput_falls,
 )
-from qbench.validate.load_search import judge_rate, search_max_rate
+from qbench.validate.load_search import search_max_rate
+from qbench.validate.load_verdict import judge_rate
 from qbench.validate.tail import Verdict
 
 # timed runs as data: batch 1 in 0.5 ms (2,000 req/s), 8 in 1 ms (8,000 req/s), 32 in 8 ms (4,000 req/s)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from qbench.errors import QbenchError
-from qbench.validate.tail import MIN_CYCLES, ShareOver, Verdict, regenerations, tail_share_bound
+from qbench.validate.tail import MIN_CYCLES, Cycles, ShareOver, Verdict, regenerations, tail_share_bound
 
 Z99 = 2.3263479  # the one-sided 99 % normal quantile (CONFIDENCE)
 
@@ -111,3 +111,14 @@ def test_the_share_over_counts_from_the_first_regeneration():
     assert not over.decided(starts[:1], counts[:1], ends[:1])  # no regeneration yet: nothing is counted
     assert over.decided(starts, counts, ends)
     assert not ShareOver(arrivals, 3.0, tail_share=0.5).decided(starts, counts, ends)
+
+
+def test_two_runs_cycles_pool_into_the_bound_of_one_run_holding_them_all():
+    """Runs that each begin at a regeneration pool their cycles: two runs of 20 one-request cycles (one with two
+    requests over 5 ms, one with none) bound the share as one run of the 40 does (2 over in 40)."""
+    loud, quiet = np.where(np.arange(20) < 2, 8.0, 2.0), np.full(20, 2.0)
+    pooled = Cycles.of(loud, np.arange(20), 5.0).joined(Cycles.of(quiet, np.arange(20), 5.0))
+    assert pooled.requests == 40 and pooled.over.sum() == 2
+    assert pooled.bound() == tail_share_bound(np.concatenate([loud, quiet]), np.arange(40), 5.0)
+    # alone, neither run holds MIN_CYCLES cycles: nothing is shown
+    assert Cycles.of(quiet, np.arange(20), 5.0).bound().upper == 1.0
