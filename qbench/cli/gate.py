@@ -52,11 +52,15 @@ class GateOutput:
         return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
 
     def on_stdout(self) -> bool:
-        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document."""
-        if (self.junit is not None and self.json_path is not None
-                and names_stdout(self.junit) and names_stdout(self.json_path)):  # fmt: skip
-            raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at most "
-                              "one report there")  # fmt: skip
+        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document, nor
+        two in one file (the second replaced the first: CI read the JSON as its JUnit report, beside exit 0)."""
+        if self.junit is not None and self.json_path is not None:
+            if names_stdout(self.junit) and names_stdout(self.json_path):
+                raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at "
+                                  "most one report there")  # fmt: skip
+            if _one_file(self.junit, self.json_path):
+                raise QbenchError(f"--junit {self.junit} and --json {self.json_path} name one file; expected a file "
+                                  "of its own for each report")  # fmt: skip
         return any(path is not None and names_stdout(path) for path in (self.junit, self.json_path))
 
     def refuse_overwriting(self, *inputs: Path | None) -> None:
@@ -75,6 +79,14 @@ class GateOutput:
                     check_report_path(path)
                 except QbenchError as exc:
                     raise ReportPathRefused(str(exc)) from None
+
+
+def _one_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file: the same path once links are followed, or two links to one file."""
+    try:
+        return first.resolve() == second.resolve() or (first.exists() and second.exists() and first.samefile(second))
+    except (OSError, RuntimeError):  # a loop of links: writing the report says why
+        return False
 
 
 def describe(exc: BaseException) -> str:

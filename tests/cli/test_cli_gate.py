@@ -282,6 +282,30 @@ def test_a_report_on_a_name_of_stdout_is_written_there_alone(project, tmp_path, 
     assert err.strip() == "error: --junit /dev/stdout and --json - both name stdout; expected at most one report there"
 
 
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+@pytest.mark.parametrize("named", ["same-path", "symbolic-link", "hard-link"])
+def test_two_reports_naming_one_file_are_refused_before_anything_is_judged(project, tmp_path, capsys, command,
+                                                                            named):  # fmt: skip
+    """`--junit ci/report --json ci/report` (or a link to it) wrote the JUnit XML, then the JSON over it: CI read
+    the JSON as its JUnit report beside exit 0, and `qbench gate` said 'gate report: ci/report' twice."""
+    earlier = tmp_path / "gate.xml"
+    earlier.write_text('{"schema_version": 1, "verdict": "breach", "exit_code": 1, "checks": []}')  # an earlier report
+    other = {"same-path": earlier, "symbolic-link": tmp_path / "link.json", "hard-link": tmp_path / "hard.json"}[named]
+    if named == "symbolic-link":
+        other.symlink_to(earlier)
+    elif named == "hard-link":
+        os.link(earlier, other)
+    runs = sorted((Path(project.root) / "reports").rglob("results.json"))
+    args = [command, str(project.recipe(LENIENT)), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    assert main([*args, "--junit", str(earlier), "--json", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.strip()) == ("", f"error: --junit {earlier} and --json {other} name one file; expected a file of "
+                                      "its own for each report")  # fmt: skip
+    assert json.loads(earlier.read_text())["exit_code"] == 1  # left as it was
+    assert sorted((Path(project.root) / "reports").rglob("results.json")) == runs  # refused before sweeping
+    assert main(["gate", str(project.recipe(LENIENT)), "--junit", str(earlier), "--json", str(tmp_path / "g.json")]) == 0
+
+
 def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
