@@ -348,11 +348,13 @@ def test_results_written_before_evidence_was_recorded_are_one_unusable_line(proj
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[0].startswith("gate on tumour-mlp (")
     assert lines[1] == (f"UNUSABLE results written by qbench {raw['qbench_version']!r} record no output_spread, "
-                        "spread_of_values_read, kept, stored_weights, random_ops, model_sha256 (this qbench's sweep "
-                        "records them), so these checks cannot be applied: output_spread (collapsed outputs); "
-                        "output_spread of per-token scores and answer spans; decisions_kept, tail_kept, spread_kept "
-                        "(lost classes, tails, dimensions); the note on a reference stored rounded; results of a "
-                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` (fail closed)")
+                        "spread_of_values_read, kept, changed_together, stored_weights, random_ops, model_sha256 (this "
+                        "qbench's sweep records them), so these checks cannot be applied: output_spread (collapsed "
+                        "outputs); output_spread of per-token scores and answer spans; decisions_kept, tail_kept, "
+                        "spread_kept (lost classes, tails, dimensions); the resolution of a pass on token accuracy (a "
+                        "row's tokens change together); the note on a reference stored rounded; results of a "
+                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` "
+                        "(fail closed)")
     assert main(["gate", str(recipe)]) == 0  # the same sweep's own results: judged as before, a pass
 
 
