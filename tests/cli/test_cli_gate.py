@@ -314,6 +314,22 @@ def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, caps
     assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report")
 
 
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+def test_a_report_path_naming_a_folder_is_refused_before_anything_is_judged(project, tmp_path, capsys, command):
+    """`--junit ci/` (a folder) was taken for a pipe or device and written through only once the verdict stood: a
+    whole sweep ran, then 'cannot write the gate report: Is a directory' (exit 2). Now refused first, in one line."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    runs = sorted((Path(project.root) / "reports").rglob("results.json"))
+    args = [command, str(project.recipe(LENIENT)), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    assert main([*args, "--junit", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.strip()) == ("", f"error: {folder}: is a folder; expected the path of a report file (a new one, "
+                                      "or an earlier report)")  # fmt: skip
+    assert sorted((Path(project.root) / "reports").rglob("results.json")) == runs  # refused before sweeping
+    assert list(folder.iterdir()) == []
+
+
 def test_long_paths_stay_on_one_line_in_a_non_terminal(tmp_path):
     deep = tmp_path.joinpath(*[f"folder-{i:02d}-with-a-long-name" for i in range(8)])
     results = deep / "results.json"
