@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -61,13 +62,23 @@ def unique_json(text: str, *, parse_constant: Callable[[str], Any] | None = None
             repeated[id(parsed)] = next(key for index, key in enumerate(keys) if key in keys[:index])
         return parsed
 
-    raw = json.loads(text, object_pairs_hook=pairs_to_dict, parse_constant=parse_constant)
+    raw = json.loads(text, object_pairs_hook=pairs_to_dict, parse_constant=parse_constant, parse_float=_finite)
     found = _first_repeated(raw, repeated, "") if repeated else None
     if found is not None:
         where, key = found
         raise QbenchError(f"{where or 'results'}: the key {short_repr(key)} is given twice, which qbench never "
                           "writes; expected each key once (JSON readers disagree on which value counts)")  # fmt: skip
     return raw
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused where it is beyond a float's range (1e400 reads as inf, which qbench writes as
+    null): the digest check failed on it with 'Out of range float values are not JSON compliant'."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise QbenchError(f"holds the number {short_repr(text)}, beyond a float's range, which qbench never writes "
+                          "(non-finite values are written as null)")  # fmt: skip
+    return value
 
 
 def _first_repeated(value: Any, repeated: dict[int, str], where: str) -> tuple[str, str] | None:
