@@ -134,6 +134,10 @@ def ending_reason(exc: BaseException) -> str:
     return describe(exc)
 
 
+UNFINISHED = ("the gate command did not finish: its process ended before it could say how (a native library's crash, "
+              "the out-of-memory killer's SIGKILL), so there is no verdict")
+
+
 class GateEnding:
     """What the report files of one `qbench gate` or `qbench sweep --gate` say: the verdict once `report_gate` has
     it, written when the command ends, however it ends (see `reported_ending`)."""
@@ -141,6 +145,15 @@ class GateEnding:
     def __init__(self, output: GateOutput) -> None:
         self.output = output
         self.verdict: GateReport | None = None
+
+    def promise(self) -> None:
+        """Write each report file (not stdout, a pipe or a device) saying the command has not finished, before the
+        work that may kill its process: the ending replaces it (the verdict, or why it ended otherwise), but a process
+        that dies (a native crash, the out-of-memory killer's SIGKILL) writes nothing, and an earlier run's report
+        there said 'pass' beside the exit 2 the command ended with. One that cannot be written now is left to the
+        ending, which says why (`_write_ending`)."""
+        files = [file for file in _report_files(self.output) if not _is_stream(file[0])]
+        _write_files(_with_problem(None, UNFINISHED, interrupted=True), files, shown=False)
 
 
 @contextlib.contextmanager
@@ -269,20 +282,18 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     Returns why the report files that could not be written were not (CI uploads them: a missing one is exit 2);
     the others are then written again with that reason as a problem, so that they carry exit code 2 and why. One
     that cannot take that either is removed, not left saying a verdict the exit code contradicts (each file is
-    replaced whole or not at all: nothing half-written).
+    replaced whole or not at all: nothing half-written), as is the gate report one could not replace (the promise
+    that the command has not finished, or an earlier run's verdict).
 
     The step summary is a courtesy display in a file the job's other steps share, which the gate was not asked
     for: one that cannot take the section is a warning, and the exit code stands (a breach stays 1, a pass 0)."""
-    from qbench.gate.report import append_step_summary, report_json
+    from qbench.gate.report import append_step_summary
 
-    renders = [(output.json_path, report_json)]
-    if output.junit is not None:  # an XML writer is imported for the JUnit report alone
-        from qbench.gate.junit import junit_xml
-
-        renders.insert(0, (output.junit, junit_xml))
-    files = [(path, render) for path, render in renders if path is not None]
+    files = _report_files(output)
     streams = [file for file in files if _is_stream(file[0])]  # written once, last: a reader gets one document
     unwritten = list(_write_files(report, [file for file in files if file not in streams]).items())
+    for path, _ in unwritten:
+        _remove_gate_report(path)
     if unwritten:
         report = _with_problem(report, "; ".join(one_line(exc) for _, exc in unwritten))
         written = [file for file in files if file not in streams and file[0] not in dict(unwritten)]
@@ -301,6 +312,25 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     return [exc for _, exc in unwritten]
 
 
+def _remove_gate_report(path: Path) -> None:
+    """Remove the gate report at `path` (never a file of another kind: qbench.gate.report_paths), where it can be."""
+    with contextlib.suppress(QbenchError, OSError):
+        check_report_path(path)
+        path.unlink(missing_ok=True)
+
+
+def _report_files(output: GateOutput) -> list[tuple[Path, Callable[[GateReport], str]]]:
+    """Each report file asked for (--junit, --json), with what renders it."""
+    from qbench.gate.report import report_json
+
+    renders: list[tuple[Path | None, Callable[[GateReport], str]]] = [(output.json_path, report_json)]
+    if output.junit is not None:  # an XML writer is imported for the JUnit report alone
+        from qbench.gate.junit import junit_xml
+
+        renders.insert(0, (output.junit, junit_xml))
+    return [(path, render) for path, render in renders if path is not None]
+
+
 def _is_stream(path: Path) -> bool:
     """stdout (`-`, `/dev/stdout`), a pipe or a device: what is written there cannot be taken back."""
     try:
@@ -310,10 +340,11 @@ def _is_stream(path: Path) -> bool:
 
 
 def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]], *,
-                 again: bool = False) -> dict[Path, QbenchError]:  # fmt: skip
+                 again: bool = False, shown: bool = True) -> dict[Path, QbenchError]:  # fmt: skip
     """Write each report file (stdout for `-`); those that cannot be written, with why. `again`: each was written
     before, and now takes the reason another could not be: its line says so (the same line twice read as a
-    repeat in a CI log)."""
+    repeat in a CI log); without `shown`, no line says it was written (GateEnding.promise's, which the ending
+    replaces)."""
     from qbench.gate import report as gate_report
 
     unwritten: dict[Path, QbenchError] = {}
@@ -323,7 +354,9 @@ def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateRepor
             write_document(render(report))
             continue
         try:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}{said}", markup=False)
+            written = gate_report.write_report(path, render(report))
+            if shown:
+                err_console.print(f"gate report: {written}{said}", markup=False)
         except QbenchError as exc:
             unwritten[path] = exc
     return unwritten

@@ -205,3 +205,21 @@ def test_a_disk_that_cannot_take_the_reports_is_one_line_and_no_file(project, tm
     summary = (folder / "summary.md").read_text()
     assert summary.startswith("### qbench gate: FAIL (error after the verdict)\n")  # the results were judged
     assert f"- **failed after the verdict:** {folder / 'gate.json'}: cannot write the gate report" in summary
+
+
+@pytest.mark.parametrize(("command", "hook"), [("gate", "qbench.gate.run:run_gate"),
+                                               ("sweep", "qbench.sweep.runner:run_sweep")])  # fmt: skip
+def test_a_process_killed_before_its_verdict_leaves_no_earlier_pass_in_the_reports(project, tmp_path, command, hook):
+    """The out-of-memory killer's SIGKILL (or a native library's crash) ends the process with nothing written: the
+    `qbench` command exits 2 (qbench.supervisor), but the report files an earlier run left there still said pass,
+    exit code 0. The files now say the command did not finish from the moment its work starts."""
+    args = [command, str(project.lenient), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    earlier, folder = run_ending(project, tmp_path, *args)
+    assert earlier.returncode == 0 and json.loads((folder / "gate.json").read_text())["verdict"] == "pass"
+    done, folder = run_ending(project, tmp_path, *args, hook=hook, action="SIGKILL")
+    assert done.returncode == -signal.SIGKILL
+    report = json.loads((folder / "gate.json").read_text())
+    assert (report["exit_code"], report["verdict"]) == (2, "interrupted")
+    assert report["problems"][0]["message"].startswith("the gate command did not finish: its process ended before")
+    junit = ET.parse(folder / "gate.xml").getroot()
+    assert (junit.get("errors"), junit.get("failures")) == ("1", "0")
