@@ -258,12 +258,16 @@ def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str
 
 
 def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, str]]) -> list[str]:
-    """One note naming the variants that ran but that gate.applies_to leaves out, with their precision: the verdict
-    says nothing of them, and an INT8 build named outside the globs (`quant-a` beside `int8-*`) is otherwise missed."""
+    """One note naming the variants that gate.applies_to leaves out, with their precision (and, for one that did not
+    run, its status and why): the verdict says nothing of them, and an INT8 build named outside the globs (`quant-a`
+    beside `int8-*`) is otherwise missed, as was one whose build failed or crashed the sweep's process (which
+    `qbench sweep --gate` calls no pass, exit 2, where `qbench gate` on its results passed without a word)."""
     judged = set(gated)
-    left = [f"{v.key} ({v.precision})" for v in results.variants
-            if v.variant != results.reference and v.status == "ok"
-            and (v.variant, v.backend) not in judged]  # fmt: skip
+    left = [f"{v.key} ({v.precision})" if v.status == "ok" else
+            f"{v.key} ({v.precision}, {v.status}: {one_line(v.error or 'no reason recorded')})"
+            for v in results.variants
+            if v.variant != results.reference and (v.variant, v.backend) not in judged
+            and not spec.applies(v.variant)]  # fmt: skip
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]

@@ -199,7 +199,7 @@ def test_a_variant_its_backend_cannot_run_is_named_beside_the_pass():
     """int8 skipped by its backend (status skipped: an ONNX Runtime INT8 form a torch backend has no kernels for)
     under applies_to '*': nothing judges it, and the pass said '1 variant × 3 scopes' with no word of it, in the
     console, the JSON and the JUnit report alike. Now a note names it with its backend's reason; a variant the globs
-    leave out is the applies_to note's alone."""
+    leave out is named by the applies_to note, with its status."""
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, ROWS)
     logits = np.eye(3, dtype=np.float32)[labels] + rng.normal(scale=0.1, size=(ROWS, 3)).astype(np.float32)
@@ -216,4 +216,6 @@ def test_a_variant_its_backend_cannot_run_is_named_beside_the_pass():
     assert note in report_dict(report)["notes"]
     assert f"note: {note}" in junit_xml(report)
     outside = evaluate_gate(results, SPEC.model_copy(update={"unresolved": "note", "applies_to": ["fp16"]}))
-    assert not [n for n in outside.notes if "status skipped" in n]
+    assert [n for n in outside.notes if "int8@" in n] == [
+        "not judged by this gate (gate.applies_to: fp16): int8@onnxruntime-cpu (int8, skipped: torch-cpu has no kernel "
+        "for QLinearMatMul)"]  # fmt: skip
