@@ -25,6 +25,7 @@ from qbench.cli.gate import (
     EXIT_ERROR,
     EXIT_OK,
     GateOutput,
+    crashed_no_pass,
     describe,
     report_gate,
     reported_ending,
@@ -157,8 +158,8 @@ def sweep(
                 untracked = "MLflow tracking failed during the sweep"
             try:
                 code = (_measured_everything(outcome.results) if ending is None else
-                        report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
-                                    untracked=untracked))  # fmt: skip
+                        report_gate(loaded, outcome.results, crashed_no_pass(outcome.gate, keep_failed),
+                                    outcome.results_path, ending, registry, untracked=untracked))  # fmt: skip
             finally:  # where the results are, under the verdict: a log's last lines say both, however many breaches
                 err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
                 if outcome.mlflow_run_id:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -194,6 +194,16 @@ def _with_problem(verdict: GateReport | None, problem: str, *, interrupted: bool
     return dataclasses.replace(base, problems=(*base.problems, problem),
                                interrupted=problem if interrupted else base.interrupted,
                                failed_after_verdict=problem if after else base.failed_after_verdict)  # fmt: skip
+
+
+def crashed_no_pass(report: GateReport, died: Sequence[str] | None) -> GateReport:
+    """The verdict of a `qbench sweep --gate` whose process died running the jobs `died` in this command (a native
+    crash, the out-of-memory killer: the resume that went on recorded them failed, qbench.supervisor): no pass, judged
+    or not, as the command's exit code 2 says; its report files said pass beside it, and the registry moved."""
+    if not died:
+        return report
+    return _with_problem(report, f"the sweep's process died running {', '.join(died)} in this command (recorded "
+                                 "failed): a crashed job is no pass, whether or not the gate judges it")
 
 
 def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
