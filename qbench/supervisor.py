@@ -181,12 +181,11 @@ def _started_jobs(run: Path) -> list[str]:
 
 
 def _resumed(args: Sequence[str], died: Mapping[str, str], run: Path) -> list[str]:
-    """`qbench ARGS` as a `--resume` of the run folder `run` (`RESUME_RUN`) that never runs again a job in `died`
-    (`--rerun-failed` would: `KEEP_FAILED`)."""
+    """`qbench ARGS` as a `--resume` of the run folder `run` (`RESUME_RUN`) told the jobs in `died` (`KEEP_FAILED`),
+    which it never runs again (`--rerun-failed` would) and whose crash its gate calls no pass, as this command's
+    exit code does (`qbench sweep --gate`'s report files said pass beside exit 2)."""
     resumed = [*args, *([] if "--resume" in args else ["--resume"]), RESUME_RUN, str(run)]
-    if "--rerun-failed" in args:
-        resumed += [word for job in died for word in (KEEP_FAILED, job)]
-    return resumed
+    return resumed + [word for job in died for word in (KEEP_FAILED, job)]
 
 
 def address_space_note() -> str:

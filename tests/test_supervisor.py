@@ -228,8 +228,10 @@ def test_a_sweep_dying_in_a_job_goes_on_as_a_resume_once_per_job_until_it_finish
     code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "measure:c", "finish"],
                                           args=("sweep", "r.yaml", "--gate"))  # fmt: skip
     # each resume takes up the run folder of the process that died, not the newest of its plan (qbench.supervisor)
-    assert attempts == ["sweep r.yaml --gate"] + [f"sweep r.yaml --gate --resume --resume-run {tmp_path / 'runs' / str(n)}"
-                                                  for n in range(3)]  # fmt: skip
+    died = ["measure:a", "build:b", "measure:c"]  # each resume is told the jobs that died in this command
+    assert attempts == ["sweep r.yaml --gate"] + [
+        f"sweep r.yaml --gate --resume --resume-run {tmp_path / 'runs' / str(n)} "
+        + " ".join(f"--keep-failed {job}" for job in died[:n + 1]) for n in range(3)]  # fmt: skip
     going_on = [line for line in stderr if "going on with the other jobs" in line]
     assert [line.split(" died running ")[1].split(": segmentation fault")[0] for line in going_on] == [
         "measure:a", "build:b", "measure:c"]

@@ -25,6 +25,7 @@ from qbench.cli.gate import (
     EXIT_ERROR,
     EXIT_OK,
     GateOutput,
+    crashed_no_pass,
     describe,
     report_gate,
     reported_ending,
@@ -125,8 +126,7 @@ def sweep(
         raise QbenchError("--verbose, --junit, --json, --register, --alias and --no-register apply with --gate")
     with stdout_kept_for_a_document(output.on_stdout()):  # `--json -`: the report alone there
         output.refuse_overwriting(recipe)
-        # --gate: the report files say how the command ended, whichever way (qbench.cli.gate.reported_ending), a
-        # signal during the imports below included (seconds on a loaded runner, where a CI timeout's SIGTERM left none)
+        # --gate: the report files say how the command ended, a signal during the imports below included
         with reported_ending(output) if gate and not plan else contextlib.nullcontext() as ending:
             # a signal waits for the imports: a module cut short in its import cannot write the reports; in the
             # supervised command's process, they run without the garbage collector (qbench.startup)
@@ -148,6 +148,8 @@ def sweep(
                 print_plan(loaded, rerun_failed=rerun_failed)
                 return 0
             registry = output.registry(loaded.registry) if gate else None  # before the sweep: a bad option costs none
+            if ending is not None:  # the report files say the sweep has not finished until it has
+                ending.promise()
             outcome = run_sweep(loaded, track=track, resume=resume, rerun_failed=rerun_failed,
                                 keep_failed=frozenset(keep_failed or ()), resume_run=resume_run)
             print_summary(outcome.results, outcome.gate, gate_notes=not gate)  # --gate's verdict prints the notes
@@ -156,8 +158,8 @@ def sweep(
                 untracked = "MLflow tracking failed during the sweep"
             try:
                 code = (_measured_everything(outcome.results) if ending is None else
-                        report_gate(loaded, outcome.results, outcome.gate, outcome.results_path, ending, registry,
-                                    untracked=untracked))  # fmt: skip
+                        report_gate(loaded, outcome.results, crashed_no_pass(outcome.gate, keep_failed),
+                                    outcome.results_path, ending, registry, untracked=untracked))  # fmt: skip
             finally:  # where the results are, under the verdict: a log's last lines say both, however many breaches
                 err_console.print(f"results: {outcome.results_path}\nreport:  {outcome.report_path}", markup=False)
                 if outcome.mlflow_run_id:
@@ -173,12 +175,10 @@ def _measured_everything(results: SweepResults) -> int:
     """A sweep without --gate succeeds when every measurement it planned ran (a backend that cannot serve a
     precision skips it, which is no failure); any failed one is exit 2, named, with the results kept."""
     failed = [v for v in results.variants if v.status == "failed"]
-    if not failed:
-        return EXIT_OK
-    first = failed[0]
-    print_error(f"{len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)}); "
-                f"{first.key}: {one_line(first.error)}")  # fmt: skip
-    return EXIT_ERROR
+    if failed:
+        print_error(f"{len(failed)} of {len(results.variants)} measurements failed ({', '.join(v.key for v in failed)})"
+                    f"; {failed[0].key}: {one_line(failed[0].error)}")  # fmt: skip
+    return EXIT_ERROR if failed else EXIT_OK
 
 
 @app.command()
@@ -246,6 +246,7 @@ def gate(
                 raise QbenchError("qbench gate needs a recipe or --results FILE")
             path = results if results is not None else latest_results(loaded)  # type: ignore[arg-type]
             output.refuse_overwriting(path)  # refused: nothing is written (ReportPathRefused)
+            ending.promise()  # the report files say the command has not finished until it has
             report, judged = run_gate(loaded, path, check_staleness=not no_staleness_check)
             asked = loaded
             if asked is None:  # the recipe the results embed (when it cannot be read, the report says so and exits 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,11 +52,15 @@ class GateOutput:
         return requested_registry(section, model=self.register, alias=self.alias, skip=self.no_register)
 
     def on_stdout(self) -> bool:
-        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document."""
-        if (self.junit is not None and self.json_path is not None
-                and names_stdout(self.junit) and names_stdout(self.json_path)):  # fmt: skip
-            raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at most "
-                              "one report there")  # fmt: skip
+        """Whether a report goes to stdout (`--json -`, `--junit /dev/stdout`); two there would be no document, nor
+        two in one file (the second replaced the first: CI read the JSON as its JUnit report, beside exit 0)."""
+        if self.junit is not None and self.json_path is not None:
+            if names_stdout(self.junit) and names_stdout(self.json_path):
+                raise QbenchError(f"--junit {self.junit} and --json {self.json_path} both name stdout; expected at "
+                                  "most one report there")  # fmt: skip
+            if _one_file(self.junit, self.json_path):
+                raise QbenchError(f"--junit {self.junit} and --json {self.json_path} name one file; expected a file "
+                                  "of its own for each report")  # fmt: skip
         return any(path is not None and names_stdout(path) for path in (self.junit, self.json_path))
 
     def refuse_overwriting(self, *inputs: Path | None) -> None:
@@ -75,6 +79,14 @@ class GateOutput:
                     check_report_path(path)
                 except QbenchError as exc:
                     raise ReportPathRefused(str(exc)) from None
+
+
+def _one_file(first: Path, second: Path) -> bool:
+    """Whether two paths name one file: the same path once links are followed, or two links to one file."""
+    try:
+        return first.resolve() == second.resolve() or (first.exists() and second.exists() and first.samefile(second))
+    except (OSError, RuntimeError):  # a loop of links: writing the report says why
+        return False
 
 
 def describe(exc: BaseException) -> str:
@@ -122,6 +134,10 @@ def ending_reason(exc: BaseException) -> str:
     return describe(exc)
 
 
+UNFINISHED = ("the gate command did not finish: its process ended before it could say how (a native library's crash, "
+              "the out-of-memory killer's SIGKILL), so there is no verdict")
+
+
 class GateEnding:
     """What the report files of one `qbench gate` or `qbench sweep --gate` say: the verdict once `report_gate` has
     it, written when the command ends, however it ends (see `reported_ending`)."""
@@ -129,6 +145,15 @@ class GateEnding:
     def __init__(self, output: GateOutput) -> None:
         self.output = output
         self.verdict: GateReport | None = None
+
+    def promise(self) -> None:
+        """Write each report file (not stdout, a pipe or a device) saying the command has not finished, before the
+        work that may kill its process: the ending replaces it (the verdict, or why it ended otherwise), but a process
+        that dies (a native crash, the out-of-memory killer's SIGKILL) writes nothing, and an earlier run's report
+        there said 'pass' beside the exit 2 the command ended with. One that cannot be written now is left to the
+        ending, which says why (`_write_ending`)."""
+        files = [file for file in _report_files(self.output) if not _is_stream(file[0])]
+        _write_files(_with_problem(None, UNFINISHED, interrupted=True), files, shown=False)
 
 
 @contextlib.contextmanager
@@ -169,6 +194,16 @@ def _with_problem(verdict: GateReport | None, problem: str, *, interrupted: bool
     return dataclasses.replace(base, problems=(*base.problems, problem),
                                interrupted=problem if interrupted else base.interrupted,
                                failed_after_verdict=problem if after else base.failed_after_verdict)  # fmt: skip
+
+
+def crashed_no_pass(report: GateReport, died: Sequence[str] | None) -> GateReport:
+    """The verdict of a `qbench sweep --gate` whose process died running the jobs `died` in this command (a native
+    crash, the out-of-memory killer: the resume that went on recorded them failed, qbench.supervisor): no pass, judged
+    or not, as the command's exit code 2 says; its report files said pass beside it, and the registry moved."""
+    if not died:
+        return report
+    return _with_problem(report, f"the sweep's process died running {', '.join(died)} in this command (recorded "
+                                 "failed): a crashed job is no pass, whether or not the gate judges it")
 
 
 def report_gate(asked: Recipe | None, judged: SweepResults, report: GateReport, results_path: Path,
@@ -257,20 +292,18 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     Returns why the report files that could not be written were not (CI uploads them: a missing one is exit 2);
     the others are then written again with that reason as a problem, so that they carry exit code 2 and why. One
     that cannot take that either is removed, not left saying a verdict the exit code contradicts (each file is
-    replaced whole or not at all: nothing half-written).
+    replaced whole or not at all: nothing half-written), as is the gate report one could not replace (the promise
+    that the command has not finished, or an earlier run's verdict).
 
     The step summary is a courtesy display in a file the job's other steps share, which the gate was not asked
     for: one that cannot take the section is a warning, and the exit code stands (a breach stays 1, a pass 0)."""
-    from qbench.gate.report import append_step_summary, report_json
+    from qbench.gate.report import append_step_summary
 
-    renders = [(output.json_path, report_json)]
-    if output.junit is not None:  # an XML writer is imported for the JUnit report alone
-        from qbench.gate.junit import junit_xml
-
-        renders.insert(0, (output.junit, junit_xml))
-    files = [(path, render) for path, render in renders if path is not None]
+    files = _report_files(output)
     streams = [file for file in files if _is_stream(file[0])]  # written once, last: a reader gets one document
     unwritten = list(_write_files(report, [file for file in files if file not in streams]).items())
+    for path, _ in unwritten:
+        _remove_gate_report(path)
     if unwritten:
         report = _with_problem(report, "; ".join(one_line(exc) for _, exc in unwritten))
         written = [file for file in files if file not in streams and file[0] not in dict(unwritten)]
@@ -289,6 +322,25 @@ def _write_ending(report: GateReport, output: GateOutput, *, write_streams: bool
     return [exc for _, exc in unwritten]
 
 
+def _remove_gate_report(path: Path) -> None:
+    """Remove the gate report at `path` (never a file of another kind: qbench.gate.report_paths), where it can be."""
+    with contextlib.suppress(QbenchError, OSError):
+        check_report_path(path)
+        path.unlink(missing_ok=True)
+
+
+def _report_files(output: GateOutput) -> list[tuple[Path, Callable[[GateReport], str]]]:
+    """Each report file asked for (--junit, --json), with what renders it."""
+    from qbench.gate.report import report_json
+
+    renders: list[tuple[Path | None, Callable[[GateReport], str]]] = [(output.json_path, report_json)]
+    if output.junit is not None:  # an XML writer is imported for the JUnit report alone
+        from qbench.gate.junit import junit_xml
+
+        renders.insert(0, (output.junit, junit_xml))
+    return [(path, render) for path, render in renders if path is not None]
+
+
 def _is_stream(path: Path) -> bool:
     """stdout (`-`, `/dev/stdout`), a pipe or a device: what is written there cannot be taken back."""
     try:
@@ -298,10 +350,11 @@ def _is_stream(path: Path) -> bool:
 
 
 def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateReport], str]]], *,
-                 again: bool = False) -> dict[Path, QbenchError]:  # fmt: skip
+                 again: bool = False, shown: bool = True) -> dict[Path, QbenchError]:  # fmt: skip
     """Write each report file (stdout for `-`); those that cannot be written, with why. `again`: each was written
     before, and now takes the reason another could not be: its line says so (the same line twice read as a
-    repeat in a CI log)."""
+    repeat in a CI log); without `shown`, no line says it was written (GateEnding.promise's, which the ending
+    replaces)."""
     from qbench.gate import report as gate_report
 
     unwritten: dict[Path, QbenchError] = {}
@@ -311,7 +364,9 @@ def _write_files(report: GateReport, files: list[tuple[Path, Callable[[GateRepor
             write_document(render(report))
             continue
         try:
-            err_console.print(f"gate report: {gate_report.write_report(path, render(report))}{said}", markup=False)
+            written = gate_report.write_report(path, render(report))
+            if shown:
+                err_console.print(f"gate report: {written}{said}", markup=False)
         except QbenchError as exc:
             unwritten[path] = exc
     return unwritten

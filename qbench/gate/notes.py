@@ -9,7 +9,7 @@ import contextlib
 import math
 from collections.abc import Sequence
 
-from qbench.errors import QbenchError, first_named, named_some
+from qbench.errors import QbenchError, first_named, named_some, one_line
 from qbench.gate.tolerance import DEFAULT_MAX_DROP, DEFAULT_MAX_SLICE_DROP, is_relative, reference_tolerances
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import AccuracyResult, SweepResults, VariantResult
@@ -258,15 +258,28 @@ def rounded_inputs_note(found: VariantResult, reference: VariantResult, why: str
 
 
 def ungated(results: SweepResults, spec: GateSpec, gated: Sequence[tuple[str, str]]) -> list[str]:
-    """One note naming the variants that ran but that gate.applies_to leaves out, with their precision: the verdict
-    says nothing of them, and an INT8 build named outside the globs (`quant-a` beside `int8-*`) is otherwise missed."""
+    """One note naming the variants that gate.applies_to leaves out, with their precision (and, for one that did not
+    run, its status and why): the verdict says nothing of them, and an INT8 build named outside the globs (`quant-a`
+    beside `int8-*`) is otherwise missed, as was one whose build failed or crashed the sweep's process (which
+    `qbench sweep --gate` calls no pass, exit 2, where `qbench gate` on its results passed without a word)."""
     judged = set(gated)
-    left = [f"{v.key} ({v.precision})" for v in results.variants
-            if v.variant != results.reference and v.status == "ok"
-            and (v.variant, v.backend) not in judged]  # fmt: skip
+    left = [f"{v.key} ({v.precision})" if v.status == "ok" else
+            f"{v.key} ({v.precision}, {v.status}: {one_line(v.error or 'no reason recorded')})"
+            for v in results.variants
+            if v.variant != results.reference and (v.variant, v.backend) not in judged
+            and not spec.applies(v.variant)]  # fmt: skip
     if not left:
         return []
     return [f"not judged by this gate (gate.applies_to: {', '.join(spec.applies_to)}): {', '.join(left)}"]
+
+
+def skipped_by_backend(results: SweepResults, spec: GateSpec) -> list[str]:
+    """One note naming the variants gate.applies_to picks that a backend could not run (status skipped: an ONNX
+    Runtime INT8 form on a torch backend), with why: nothing judges them there, and a pass said
+    '2 variants × 4 scopes' as if every variant asked for had been judged."""
+    left = [f"{v.key} ({one_line(v.error or 'no reason recorded')})" for v in results.variants
+            if v.status == "skipped" and v.variant != results.reference and spec.applies(v.variant)]  # fmt: skip
+    return [f"not judged, as its backend cannot run it (status skipped): {named_some(left, '; ')}"] if left else []
 
 
 def uncompared_outputs(results: SweepResults, pairs: Sequence[tuple[str, str]]) -> list[str]:

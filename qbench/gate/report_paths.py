@@ -13,9 +13,12 @@ from qbench.errors import QbenchError
 
 
 def check_report_path(path: Path) -> None:
-    """Refuse a report path holding a file that qbench.gate.report.write_report would not replace (checked before a
-    sweep, too)."""
+    """Refuse a report path holding a file that qbench.gate.report.write_report would not replace, or a folder, which
+    no report can be written to (checked before a sweep, too: a folder was found only once the sweep had run)."""
     target = path.resolve()
+    if target.is_dir():
+        raise QbenchError(f"{path}: is a folder; expected the path of a report file (a new one, or an earlier "
+                          "report)")  # fmt: skip
     if target.is_file() and not _replaceable(target):
         raise QbenchError(f"{path}: the file exists and is not a qbench gate report; expected a new path (or an "
                           "earlier report) for the report, so that nothing else is overwritten")  # fmt: skip

@@ -45,7 +45,7 @@ class MetricSpec(StrictConfig):
     @field_validator("function")
     @classmethod
     def _target(cls, v: str) -> str:
-        if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", v):
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", v):
             raise ValueError(f"got {v!r}, expected 'package.module:function'")
         return v
 

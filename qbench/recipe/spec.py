@@ -106,7 +106,7 @@ class ModelSpec(_Strict):
         if (self.path is None) == (self.torch is None):
             raise ValueError("give either `path` (an ONNX file) or `torch` (a module factory), not both or neither")
         if self.torch is not None:
-            if not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", self.torch):
+            if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.torch):
                 raise ValueError(f"torch: got {self.torch!r}, expected 'package.module:factory'")
             if not self.example_inputs:
                 raise ValueError("example_inputs: a PyTorch model needs the shape of each input, e.g. "

@@ -36,7 +36,7 @@ from qbench.techniques.options import (
 )
 
 QUANTIZED_PRECISIONS = ("int8", "fp8")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")  # matched whole: `$` would let a final newline through
 MAX_NAME_CHARS = 100  # names become file names with suffixes (<name>.calibration.json) and MLflow run names
 # Models a build writes beside models/<name>.onnx as <name>.<tag>.onnx: FP16/BF16/FP8 emulations
 # (qbench.variants.emulate), ModelOpt's TensorRT export (qbench.variants.modelopt_quant). A variant named
@@ -45,7 +45,7 @@ EMULATED_TAG, TRT_TAG = "emulated", "trt"
 
 
 def _check_name(value: str) -> str:
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value):
         raise ValueError(f"got {value!r}, expected letters, digits and _ . + - (starting with a letter or digit)")
     if len(value) > MAX_NAME_CHARS:
         raise ValueError(f"got a name of {len(value)} characters, expected at most {MAX_NAME_CHARS} (it names files)")

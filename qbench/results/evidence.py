@@ -42,6 +42,9 @@ EVIDENCE: dict[str, Evidence] = {e.name: e for e in (
              "each regression scope's drop_intervals of r2_min, and of rmse over several targets",
              "the resolution of a pass on r2_min, or on rmse over several targets (the paired interval of its drop)",
              task="regression"),
+    Evidence("changed_together", "each token scope's changed_together (changed tokens a changed token shares its row "
+             "with)", "the resolution of a pass on token accuracy (a row's tokens change together)",
+             task="classification"),
     Evidence("stored_weights", "the reference's params.stored_weights", "the note on a reference stored rounded"),
     Evidence("random_ops", "a reference with random nodes refused by the sweep",
              "results of a deterministic reference"),

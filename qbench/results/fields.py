@@ -11,14 +11,22 @@ simulations, range analysis): each numeric field is checked against the dataclas
 or null, which is how NaN is written; an int is a whole number >= 0: every int qbench records is a count, a size, a
 seed or an index), so a hand-edited or corrupted figure is one error naming its path, never a string rendered as a
 number in a report.
+
+Each key once: qbench writes every object from a dataclass, so no key twice; a file naming one twice (a hand merge,
+another tool's output) has two values for it, of which Python's parser keeps the last and others the first (a
+`"complete": false` above a `"complete": true` read as complete; an `"agreement": 0.2` above a 1.0 as 1.0), so such a
+file is refused naming where (`unique_json`), never judged by the value one parser happens to keep.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import math
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 from qbench.errors import QbenchError, did_you_mean, short_repr
@@ -40,6 +48,51 @@ def known_fields(raw: Any, cls: type, where: str, *, extra: tuple[str, ...] = ()
         if name in hints:
             _check(value, hints[name], f"{where}.{name}")
     return raw
+
+
+def unique_json(text: str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """`text` parsed as JSON, once no object in it names a key twice; a QbenchError naming the first such object's
+    path ('variants[1].accuracy.overall.metrics') and the key otherwise."""
+    repeated: dict[int, str] = {}  # id of each object naming a key twice -> that key
+
+    def pairs_to_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        parsed = dict(pairs)
+        if len(parsed) < len(pairs):
+            keys = [key for key, _ in pairs]
+            repeated[id(parsed)] = next(key for index, key in enumerate(keys) if key in keys[:index])
+        return parsed
+
+    raw = json.loads(text, object_pairs_hook=pairs_to_dict, parse_constant=parse_constant, parse_float=_finite)
+    found = _first_repeated(raw, repeated, "") if repeated else None
+    if found is not None:
+        where, key = found
+        raise QbenchError(f"{where or 'results'}: the key {short_repr(key)} is given twice, which qbench never "
+                          "writes; expected each key once (JSON readers disagree on which value counts)")  # fmt: skip
+    return raw
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused where it is beyond a float's range (1e400 reads as inf, which qbench writes as
+    null): the digest check failed on it with 'Out of range float values are not JSON compliant'."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise QbenchError(f"holds the number {short_repr(text)}, beyond a float's range, which qbench never writes "
+                          "(non-finite values are written as null)")  # fmt: skip
+    return value
+
+
+def _first_repeated(value: Any, repeated: dict[int, str], where: str) -> tuple[str, str] | None:
+    """(path, key) of the first object in `value` (found at `where`, '' for the whole file), in the file's order, that
+    `repeated` names; None if none does."""
+    if isinstance(value, dict):
+        if id(value) in repeated:
+            return where, repeated[id(value)]
+        items = ((f"{where}.{key}" if where else key, item) for key, item in value.items())
+    elif isinstance(value, list):
+        items = ((f"{where}[{index}]", item) for index, item in enumerate(value))
+    else:
+        return None
+    return next((found for path, item in items if (found := _first_repeated(item, repeated, path))), None)
 
 
 # The params the gate and the report read, by key, with the type each must hold: `params` is free-form (every builder

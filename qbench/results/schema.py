@@ -49,7 +49,7 @@ import qbench
 from qbench.errors import QbenchError, short_repr
 from qbench.files import write_atomically
 from qbench.results.evidence import RECORDED, evidence_from_dict
-from qbench.results.fields import checked_params, known_fields
+from qbench.results.fields import checked_params, known_fields, unique_json
 from qbench.results.kept import Kept as Kept
 from qbench.results.kept import kept_from_dict
 from qbench.results.ranges import ClipRecord as ClipRecord
@@ -462,7 +462,7 @@ def read_results(path: Path, *, partial: bool = False) -> SweepResults:
         raise QbenchError(f"{path}: results file not found")
     raw: Any = None
     try:
-        raw = json.loads(path.read_text(), parse_constant=_reject_constant)
+        raw = unique_json(path.read_text(), parse_constant=_reject_constant)
         if not isinstance(raw, dict):
             raise QbenchError(f"expected a JSON object of results, got a {type(raw).__name__}")
         _check_digest(raw)

@@ -54,12 +54,12 @@ FLOAT_RULES = {
     "masks": "attention masks (from non-float inputs, causal masks from shapes, float additive-mask inputs) "
              "and the nodes that apply them",
 }
-_OP_TYPE = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+_OP_TYPE = re.compile(r"[A-Z][A-Za-z0-9]*")
 
 
 def _check_float_rules(rules: list[str]) -> list[str]:
     for rule in rules:
-        if rule not in FLOAT_RULES and not _OP_TYPE.match(rule):
+        if rule not in FLOAT_RULES and not _OP_TYPE.fullmatch(rule):
             raise ValueError(
                 f"got {short_repr(rule)}, expected a rule ({', '.join(FLOAT_RULES)}) or an ONNX op type such as "
                 f"Softmax{did_you_mean(rule, FLOAT_RULES)}"

@@ -344,6 +344,8 @@ CASES = [
     pytest.param(written("[]"), 2, "expected a JSON object of results, got a list", id="a-list"),
     pytest.param(written("42"), 2, "expected a JSON object of results, got a int", id="a-number"),
     pytest.param(written(lambda text: text.replace('"agreement": 1.0', '"agreement": NaN', 1)), 2, "holds NaN", id="bare-nan-token"),
+    pytest.param(written(lambda text: text.replace('"agreement": 1.0', '"agreement": 1e400', 1)), 2,
+                 "holds the number '1e400', beyond a float's range", id="number-beyond-float"),  # fmt: skip
     pytest.param(edited(set_in(("complete",), False)), 2, "complete: got False", id="incomplete-run"),
     pytest.param(edited(drop_key("complete")), 2, "complete: got None", id="no-completion-marker"),
     pytest.param(edited(set_in(("schema_version",), 2)), 2, "schema_version 2 is not supported", id="future-schema"),

@@ -282,12 +282,52 @@ def test_a_report_on_a_name_of_stdout_is_written_there_alone(project, tmp_path, 
     assert err.strip() == "error: --junit /dev/stdout and --json - both name stdout; expected at most one report there"
 
 
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+@pytest.mark.parametrize("named", ["same-path", "symbolic-link", "hard-link"])
+def test_two_reports_naming_one_file_are_refused_before_anything_is_judged(project, tmp_path, capsys, command,
+                                                                            named):  # fmt: skip
+    """`--junit ci/report --json ci/report` (or a link to it) wrote the JUnit XML, then the JSON over it: CI read
+    the JSON as its JUnit report beside exit 0, and `qbench gate` said 'gate report: ci/report' twice."""
+    earlier = tmp_path / "gate.xml"
+    earlier.write_text('{"schema_version": 1, "verdict": "breach", "exit_code": 1, "checks": []}')  # an earlier report
+    other = {"same-path": earlier, "symbolic-link": tmp_path / "link.json", "hard-link": tmp_path / "hard.json"}[named]
+    if named == "symbolic-link":
+        other.symlink_to(earlier)
+    elif named == "hard-link":
+        os.link(earlier, other)
+    runs = sorted((Path(project.root) / "reports").rglob("results.json"))
+    args = [command, str(project.recipe(LENIENT)), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    assert main([*args, "--junit", str(earlier), "--json", str(other)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.strip()) == ("", f"error: --junit {earlier} and --json {other} name one file; expected a file of "
+                                      "its own for each report")  # fmt: skip
+    assert json.loads(earlier.read_text())["exit_code"] == 1  # left as it was
+    assert sorted((Path(project.root) / "reports").rglob("results.json")) == runs  # refused before sweeping
+    assert main(["gate", str(project.recipe(LENIENT)), "--junit", str(earlier), "--json", str(tmp_path / "g.json")]) == 0
+
+
 def test_an_unwritable_report_path_exits_2_with_one_line(project, tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert main(["gate", str(project.recipe(LENIENT)), "--junit", str(blocker / "gate.xml")]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {blocker / 'gate.xml'}: cannot write the gate report")
+
+
+@pytest.mark.parametrize("command", ["gate", "sweep"])
+def test_a_report_path_naming_a_folder_is_refused_before_anything_is_judged(project, tmp_path, capsys, command):
+    """`--junit ci/` (a folder) was taken for a pipe or device and written through only once the verdict stood: a
+    whole sweep ran, then 'cannot write the gate report: Is a directory' (exit 2). Now refused first, in one line."""
+    folder = tmp_path / "ci"
+    folder.mkdir()
+    runs = sorted((Path(project.root) / "reports").rglob("results.json"))
+    args = [command, str(project.recipe(LENIENT)), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    assert main([*args, "--junit", str(folder)]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err.strip()) == ("", f"error: {folder}: is a folder; expected the path of a report file (a new one, "
+                                      "or an earlier report)")  # fmt: skip
+    assert sorted((Path(project.root) / "reports").rglob("results.json")) == runs  # refused before sweeping
+    assert list(folder.iterdir()) == []
 
 
 def test_long_paths_stay_on_one_line_in_a_non_terminal(tmp_path):
@@ -324,11 +364,13 @@ def test_results_written_before_evidence_was_recorded_are_one_unusable_line(proj
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 3 and lines[0].startswith("gate on tumour-mlp (")
     assert lines[1] == (f"UNUSABLE results written by qbench {raw['qbench_version']!r} record no output_spread, "
-                        "spread_of_values_read, kept, stored_weights, random_ops, model_sha256 (this qbench's sweep "
-                        "records them), so these checks cannot be applied: output_spread (collapsed outputs); "
-                        "output_spread of per-token scores and answer spans; decisions_kept, tail_kept, spread_kept "
-                        "(lost classes, tails, dimensions); the note on a reference stored rounded; results of a "
-                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` (fail closed)")
+                        "spread_of_values_read, kept, changed_together, stored_weights, random_ops, model_sha256 (this "
+                        "qbench's sweep records them), so these checks cannot be applied: output_spread (collapsed "
+                        "outputs); output_spread of per-token scores and answer spans; decisions_kept, tail_kept, "
+                        "spread_kept (lost classes, tails, dimensions); the resolution of a pass on token accuracy (a "
+                        "row's tokens change together); the note on a reference stored rounded; results of a "
+                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` "
+                        "(fail closed)")
     assert main(["gate", str(recipe)]) == 0  # the same sweep's own results: judged as before, a pass
 
 

@@ -205,3 +205,58 @@ def test_a_disk_that_cannot_take_the_reports_is_one_line_and_no_file(project, tm
     summary = (folder / "summary.md").read_text()
     assert summary.startswith("### qbench gate: FAIL (error after the verdict)\n")  # the results were judged
     assert f"- **failed after the verdict:** {folder / 'gate.json'}: cannot write the gate report" in summary
+
+
+@pytest.mark.parametrize(("command", "hook"), [("gate", "qbench.gate.run:run_gate"),
+                                               ("sweep", "qbench.sweep.runner:run_sweep")])  # fmt: skip
+def test_a_process_killed_before_its_verdict_leaves_no_earlier_pass_in_the_reports(project, tmp_path, command, hook):
+    """The out-of-memory killer's SIGKILL (or a native library's crash) ends the process with nothing written: the
+    `qbench` command exits 2 (qbench.supervisor), but the report files an earlier run left there still said pass,
+    exit code 0. The files now say the command did not finish from the moment its work starts."""
+    args = [command, str(project.lenient), *(["--no-track", "--gate"] if command == "sweep" else [])]
+    earlier, folder = run_ending(project, tmp_path, *args)
+    assert earlier.returncode == 0 and json.loads((folder / "gate.json").read_text())["verdict"] == "pass"
+    done, folder = run_ending(project, tmp_path, *args, hook=hook, action="SIGKILL")
+    assert done.returncode == -signal.SIGKILL
+    report = json.loads((folder / "gate.json").read_text())
+    assert (report["exit_code"], report["verdict"]) == (2, "interrupted")
+    assert report["problems"][0]["message"].startswith("the gate command did not finish: its process ended before")
+    junit = ET.parse(folder / "gate.xml").getroot()
+    assert (junit.get("errors"), junit.get("failures")) == ("1", "0")
+
+
+CRASHING_MEASURE = """\
+import os, signal
+import qbench.execute.jobs as jobs
+measure = jobs.measure
+def crashing(backend, built, *args, **kwargs):
+    if built.name == os.environ["QBENCH_TEST_CRASHES"]:  # a native library's crash in this variant's measurement
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return measure(backend, built, *args, **kwargs)
+jobs.measure = crashing
+"""
+
+
+def test_a_sweep_gate_going_on_after_a_crash_reports_the_exit_2_it_ends_with(project, tmp_path):
+    """The sweep's process died measuring a variant the gate does not judge; the resume that went on recorded it
+    failed and its gate passed the others: qbench exited 2 (a crashed job is no pass, qbench.supervisor) while gate.json
+    said pass, exit code 0, and the registry could have moved. The resume is told the jobs that died, and its verdict
+    says exit 2 and why."""
+    raw = yaml.safe_load(project.lenient.read_text())
+    raw.update(name="crashing", output_dir=str(tmp_path / "reports"), gate={**raw["gate"], "applies_to": ["fp16"]},
+               variants=[*raw["variants"], {"name": "int8", "precision": "int8", "calibrator": "minmax"}])  # fmt: skip
+    recipe = project.root / "crashing.yaml"  # its model and data paths are the project's
+    recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CRASHING_MEASURE)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{REPO}", "QBENCH_TEST_CRASHES": "int8"}
+    done = subprocess.run([sys.executable, "-m", "qbench.cli", "sweep", str(recipe), "--no-track", "--gate", "--json",
+                           str(tmp_path / "gate.json")], capture_output=True, text=True, env=env, cwd=project.root,
+                          timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 2
+    assert "the sweep went on after its process died in measure:int8@" in done.stderr.splitlines()[-1]
+    report = json.loads((tmp_path / "gate.json").read_text())
+    assert (report["exit_code"], report["verdict"], report["counts"]["breaches"]) == (2, "error", 0)
+    assert report["problems"][-1]["message"].startswith("the sweep's process died running measure:int8@")
+    assert {check["variant"] for check in report["checks"]} == {"fp16"}  # what was judged is still shown

@@ -92,14 +92,16 @@ def test_a_reference_deciding_every_row_one_class_is_a_note_when_the_gate_reads_
 
 def test_variants_the_applies_to_globs_leave_out_are_named_in_a_note():
     """An INT8 build named outside gate.applies_to ('quant-a' beside 'int8-*') breaches nothing because nothing judges
-    it: the verdict stands on what was judged, and a note names every variant left out with its precision."""
+    it: the verdict stands on what was judged, and a note names every variant left out with its precision, and one
+    that did not run with its status and why (a failed build was left out of the note: a pass without a word)."""
     outside = variant("quant-a", 0.50, {"noisy": 0.40, "clean": 0.60})
     failed_outside = variant("quant-b", 0.0, {}, status="failed")
     report = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}), outside,
                                  failed_outside), SPEC)  # fmt: skip
     assert report.exit_code == EXIT_PASS
     assert report.status_of("quant-a", "onnxruntime-cpu") == "not gated"
-    assert report.notes == ("not judged by this gate (gate.applies_to: int8-*): quant-a@onnxruntime-cpu (int8)",)
+    assert report.notes == ("not judged by this gate (gate.applies_to: int8-*): quant-a@onnxruntime-cpu (int8), "
+                            "quant-b@onnxruntime-cpu (int8, failed: boom)",)  # fmt: skip
     every = evaluate_gate(sweep(REFERENCE, variant("int8-a", 0.95, {"noisy": 0.90, "clean": 0.99}), outside),
                           SPEC.model_copy(update={"applies_to": ["*"]}))  # fmt: skip
     assert every.exit_code == EXIT_BREACH and every.notes == ()

@@ -10,6 +10,7 @@ import json
 import numpy as np
 import pytest
 from test_gate_kept import BACKEND, HALVES, _rare_class
+from test_resolution import TOKEN_SPEC, token_rewrites, token_sweep
 
 from qbench.errors import QbenchError
 from qbench.gate.evaluate import EXIT_BREACH, EXIT_PASS, EXIT_UNUSABLE, evaluate_gate
@@ -21,10 +22,11 @@ from qbench.validate.accuracy import evaluate_accuracy, with_drops
 
 SPEC = GateSpec(metric="accuracy", max_drop=0.03, unresolved="note")
 OLD_LINE = (
-    "results written by qbench '0.1.0' record no output_spread, spread_of_values_read, kept, stored_weights, "
-    "random_ops, model_sha256, project_modules, factory_files (this qbench's sweep records them), so these checks "
-    "cannot be applied: output_spread (collapsed outputs); output_spread of per-token scores and answer spans; "
-    "decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions); the note on a reference stored rounded; "
+    "results written by qbench '0.1.0' record no output_spread, spread_of_values_read, kept, changed_together, "
+    "stored_weights, random_ops, model_sha256, project_modules, factory_files (this qbench's sweep records them), so "
+    "these checks cannot be applied: output_spread (collapsed outputs); output_spread of per-token scores and answer "
+    "spans; decisions_kept, tail_kept, spread_kept (lost classes, tails, dimensions); the resolution of a pass on "
+    "token accuracy (a row's tokens change together); the note on a reference stored rounded; "
     "results of a deterministic reference; the measured model file is the one measured; staleness of the code the "
     "PyTorch factory or a custom metric imports (a model class in another file); staleness of a checkpoint or config "
     "the factory loads itself (not through model.weights); re-run `qbench sweep`"
@@ -241,6 +243,28 @@ def test_regression_results_written_before_r2_min_and_multi_target_rmse_had_drop
         "these checks cannot be applied: the resolution of a pass on r2_min, or on rmse over several targets (the "
         "paired interval of its drop); re-run `qbench sweep`",)  # fmt: skip
     _a_classifier_lacking_is_judged("target_drop_intervals")
+
+
+def test_token_results_written_before_changed_together_are_unusable_and_other_tasks_results_are_judged():
+    """A token scope's changed_together widens a pass's interval by how many changed tokens share a row. Results from
+    a qbench before it lack it on FP32 and the variant alike, which read as each token a row of its own: a variant
+    rewriting 4 rows of 100 tokens (400 of 1,990 tokens changed, drop 0) passed max_drop 0.05 there (exit 0) where
+    its fresh results are unresolved (exit 2). Such results cannot be judged; an embedding's are judged as they
+    were."""
+    fp32, labels, whole_rows, _ = token_rewrites()
+    fresh, own, _ = token_sweep(fp32, labels, whole_rows)
+    assert own.changed_together == {"agreement": 100.0}
+    assert evaluate_gate(fresh, TOKEN_SPEC).exit_code == EXIT_UNUSABLE  # unresolved: the rows tell too little
+    raw = json.loads(to_json(fresh))
+    for variant in raw["variants"]:
+        del variant["accuracy"]["overall"]["changed_together"]
+    assert _unusable_without(raw, "changed_together", TOKEN_SPEC) == (
+        "results written by qbench '0' record no changed_together (this qbench's sweep records them), so these checks "
+        "cannot be applied: the resolution of a pass on token accuracy (a row's tokens change together); re-run "
+        "`qbench sweep`",)  # fmt: skip
+    embedding = _embedding_raw()
+    embedding["evidence"] = [name for name in embedding["evidence"] if name != "changed_together"]
+    assert evaluate_gate(from_dict(embedding), GateSpec(metric="cosine", max_drop=0.01)).exit_code == EXIT_BREACH
 
 
 @pytest.mark.parametrize(("resolved", "unusable"), [

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from qbench.gate.evaluate import EXIT_PASS, evaluate_gate
-from qbench.gate.report import summary_line
+from qbench.gate.junit import junit_xml
+from qbench.gate.report import report_dict, summary_line
 from qbench.recipe.spec import GateSpec
 from qbench.results.schema import SweepResults, VariantResult, from_dict, to_json
 from qbench.validate.accuracy import evaluate_accuracy, with_drops
@@ -191,3 +193,29 @@ def test_outputs_no_figure_compares_are_named_once_with_the_verdict():
     ]
     every_output = [make_variant("fp32", "fp32"), make_variant("fp16", "fp16")]
     assert not [n for n in evaluate_gate(make_sweep(every_output), SPEC).notes if "not compared" in n]
+
+
+def test_a_variant_its_backend_cannot_run_is_named_beside_the_pass():
+    """int8 skipped by its backend (status skipped: an ONNX Runtime INT8 form a torch backend has no kernels for)
+    under applies_to '*': nothing judges it, and the pass said '1 variant × 3 scopes' with no word of it, in the
+    console, the JSON and the JUnit report alike. Now a note names it with its backend's reason; a variant the globs
+    leave out is named by the applies_to note, with its status."""
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 3, ROWS)
+    logits = np.eye(3, dtype=np.float32)[labels] + rng.normal(scale=0.1, size=(ROWS, 3)).astype(np.float32)
+    base = _results(logits, logits.copy(), labels)
+    fp16 = VariantResult("fp16", "onnxruntime-cpu", "fp16", "ok", accuracy=base.variants[1].accuracy)
+    skipped = VariantResult("int8", "onnxruntime-cpu", "int8", "skipped",
+                            error="torch-cpu has no kernel for\nQLinearMatMul")  # fmt: skip
+    results = from_dict(json.loads(to_json(replace(base, variants=(base.variants[0], fp16, skipped)))))
+    report = evaluate_gate(results, SPEC.model_copy(update={"unresolved": "note"}))
+    assert report.exit_code == EXIT_PASS and report.gated == ("fp16@onnxruntime-cpu",)
+    note = ("not judged, as its backend cannot run it (status skipped): int8@onnxruntime-cpu (torch-cpu has no kernel "
+            "for QLinearMatMul)")  # fmt: skip
+    assert note in report.notes
+    assert note in report_dict(report)["notes"]
+    assert f"note: {note}" in junit_xml(report)
+    outside = evaluate_gate(results, SPEC.model_copy(update={"unresolved": "note", "applies_to": ["fp16"]}))
+    assert [n for n in outside.notes if "int8@" in n] == [
+        "not judged by this gate (gate.applies_to: fp16): int8@onnxruntime-cpu (int8, skipped: torch-cpu has no kernel "
+        "for QLinearMatMul)"]  # fmt: skip

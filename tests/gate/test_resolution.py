@@ -253,13 +253,13 @@ def test_a_variant_whose_results_lack_the_count_of_its_changed_decisions_is_no_p
     assert whole.exit_code == EXIT_UNUSABLE and "changed on 224 of them" in whole.problems[0]
 
 
-def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move_in():
-    """Token accuracy over 1,990 scored tokens: rows 0-9 hold 100 each, rows 10-999 one each. A variant rewriting
-    rows 0-1 (200 tokens right -> wrong) and rows 2-3 (200 tokens FP32 got wrong -> right) has FP32's accuracy, a drop
-    of 0, and passed a max_drop of 0.05 (exit 0): the compensation rule took the token shares over the scope's 1,000
-    rows as if each changed independently, an interval reaching 0.0278. A row's tokens flip together: the drop is
-    four rows' worth of +-100 tokens, its 95 % interval (over rows: sqrt(1000 / 999 * 4 * 100^2) / 1990 = 0.1006)
-    reaching 0.197 (exit 2). The same 400 changes one to a row of their own stay a pass (0.0197)."""
+TOKEN_SPEC = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.05, applies_to=["int8"])
+
+
+def token_rewrites() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(FP32's token classes, labels, a variant changing whole rows, one changing as many tokens one to a row) over
+    1,990 scored tokens: rows 0-9 hold 100 each, rows 10-999 one each. `whole_rows` rewrites rows 0-1 (200 tokens
+    right -> wrong) and rows 2-3 (200 tokens FP32 got wrong -> right); `scattered` changes 400 one-token rows alike."""
     rows, tokens = 1000, 100
     fp32 = np.arange(rows * tokens).reshape(rows, tokens) % 3
     scored = np.zeros((rows, tokens), dtype=bool)
@@ -275,14 +275,32 @@ def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move
     scattered[10:210, 0] = (fp32[10:210, 0] + 1) % 3  # while it gets 200 other one-token rows wrong
     labels[~scored] = IGNORE_LABEL
     whole_rows[2:4] = np.where(scored[2:4], labels[2:4], whole_rows[2:4])
-    spec = GateSpec(metric="accuracy", max_drop=0.05, max_slice_drop=0.05, applies_to=["int8"])
+    return fp32, labels, whole_rows, scattered
+
+
+def token_sweep(fp32: np.ndarray, labels: np.ndarray, variant: np.ndarray,
+                edit=lambda scope: scope) -> tuple[SweepResults, SliceMetrics, SliceMetrics]:  # fmt: skip
+    """The results of FP32 and 'int8' giving `variant`'s token classes (its overall scope through `edit`), read back
+    from their JSON; the variant's overall scope and FP32's."""
+    one_hot = np.eye(3, dtype=np.float32)
+    fp32_accuracy, own = (evaluate_accuracy("classification", one_hot[d], one_hot[fp32], labels, {})
+                          for d in (fp32, variant))  # fmt: skip
+    variants = result("fp32", fp32_accuracy.overall), result("int8", edit(own.overall))
+    return from_dict(json.loads(to_json(sweep(*variants)))), own.overall, fp32_accuracy.overall
+
+
+def test_token_changes_of_one_row_widen_the_drops_interval_as_the_rows_they_move_in():
+    """Token accuracy over 1,990 scored tokens (token_rewrites). A variant rewriting rows 0-1 (200 tokens right ->
+    wrong) and rows 2-3 (200 tokens FP32 got wrong -> right) has FP32's accuracy, a drop of 0, and passed a max_drop
+    of 0.05 (exit 0): the compensation rule took the token shares over the scope's 1,000 rows as if each changed
+    independently, an interval reaching 0.0278. A row's tokens flip together: the drop is
+    four rows' worth of +-100 tokens, its 95 % interval (over rows: sqrt(1000 / 999 * 4 * 100^2) / 1990 = 0.1006)
+    reaching 0.197 (exit 2). The same 400 changes one to a row of their own stay a pass (0.0197)."""
+    fp32, labels, whole_rows, scattered = token_rewrites()
 
     def judged(variant: np.ndarray, edit=lambda scope: scope):
-        one_hot = np.eye(3, dtype=np.float32)
-        fp32_accuracy, own = (evaluate_accuracy("classification", one_hot[d], one_hot[fp32], labels, {})
-                              for d in (fp32, variant))  # fmt: skip
-        variants = result("fp32", fp32_accuracy.overall), result("int8", edit(own.overall))
-        return evaluate_gate(from_dict(json.loads(to_json(sweep(*variants)))), spec), own.overall, fp32_accuracy.overall
+        results, own, reference = token_sweep(fp32, labels, variant, edit)
+        return evaluate_gate(results, TOKEN_SPEC), own, reference
 
     report, overall, reference = judged(whole_rows)
     assert (overall.denominators["accuracy"], overall.metrics["agreement"]) == (1990, pytest.approx(1 - 400 / 1990))

@@ -188,6 +188,24 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             {"model": {"torch": "pkg.models.build", "example_inputs": {"x": [1, 4]}}},
             "recipe.yaml: model.torch: got 'pkg.models.build', expected 'package.module:factory'",
         ),
+        (  # `$` matched before the final newline: 'fp16\n' named files and split the gate's verdict line in two
+            {"variants": [{"name": "fp16\n", "precision": "fp16"}]},
+            "recipe.yaml: variants[0].name: got 'fp16\\n', expected letters, digits and _ . + - (starting with a "
+            "letter or digit)",
+        ),
+        (
+            {"name": "toy\n"},
+            "recipe.yaml: name: got 'toy\\n', expected letters, digits and _ . + - (starting with a letter or digit)",
+        ),
+        (
+            {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "keep_float": ["Softmax\n"]}]},
+            "recipe.yaml: variants[0].keep_float: got 'Softmax\\n', expected a rule (attention_matmuls, masks) or an "
+            "ONNX op type such as Softmax",
+        ),
+        (
+            {"model": {"torch": "pkg.models:build\n", "example_inputs": {"x": [1, 4]}}},
+            "recipe.yaml: model.torch: got 'pkg.models:build\\n', expected 'package.module:factory'",
+        ),
         (
             {"variants": [{"name": "v" * 101, "precision": "fp16"}]},
             "recipe.yaml: variants[0].name: got a name of 101 characters, expected at most 100 (it names files)",

@@ -87,6 +87,29 @@ def test_results_another_qbench_wrote_say_which_one(tmp_path, change, problem) -
     assert "written by qbench" not in str(same.value)
 
 
+@pytest.mark.parametrize(("where", "key", "first", "edit"), [
+    ("results", "complete", False, lambda raw: raw),
+    ("variants[1].accuracy.overall.metrics", "accuracy", 0.1,
+     lambda raw: raw["variants"][1]["accuracy"]["overall"]["metrics"]),
+    ("variants[1]", "status", "failed", lambda raw: raw["variants"][1]),
+])  # fmt: skip
+def test_a_key_given_twice_is_refused_naming_where(tmp_path, where, key, first, edit) -> None:
+    """An object naming a key twice kept its last value (Python's parser; others keep the first) and the digest, taken
+    over what was kept, matched: `"complete": false` above the sweep's `"complete": true`, or a variant's accuracy 0.1
+    above its 1.0, were judged by the later value, and the gate passed."""
+    raw = json.loads(to_json(make_sweep()))
+    raw[DIGEST_FIELD] = content_digest(raw)  # the sweep's own content: what a parser keeping the last value reads
+    target = edit(raw)
+    assert target[key] != first
+    target["repeated-key"] = first
+    target |= {k: target.pop(k) for k in list(target) if k != "repeated-key"}  # the repeated key first, then the rest
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(raw).replace('"repeated-key"', json.dumps(key)))
+    with pytest.raises(QbenchError) as caught:
+        read_results(path)
+    assert str(caught.value).startswith(f"{path}: {where}: the key {key!r} is given twice, which qbench never writes")
+
+
 def _full_sweep():
     """A sweep with every section that holds figures: serving (with both load simulations), range analysis, an INT8
     search and a frontier."""
