@@ -37,6 +37,7 @@ from qbench.gate.checks import unmatched_globs
 from qbench.modelinfo.signature import ModelInfo, shared_by_batch
 from qbench.preflight.rows import batch_axis_hint
 from qbench.recipe.registry import check_registry
+from qbench.recipe.search import check_search_batches
 from qbench.recipe.slo import check_serving
 from qbench.recipe.spec import Recipe
 from qbench.track.uri import resolve_tracking_uri
@@ -347,13 +348,15 @@ def _rows_first(model: ModelInfo) -> str:
 def with_fixed_batch(recipe: Recipe, size: int) -> Recipe:
     """`recipe` with every batch-size field set to the model's fixed batch `size` (`fixed_batch` has checked
     those the recipe sets): timed at that batch only, evaluated and calibrated in batches of it. A budget the
-    recipe sets at another latency batch size (slo.batch_size, registry.primary_batch_size) is an error."""
+    recipe sets at another latency batch size (slo.batch_size, registry.primary_batch_size, search.batch_sizes) is an
+    error."""
     data = _unset(recipe.data, evaluation=_unset(recipe.data.evaluation, batch_size=size),
                   calibration=_unset(recipe.data.calibration, batch_size=size))  # fmt: skip
     latency = _unset(recipe.latency, batch_sizes=[size])
     try:
         check_serving(recipe.slo, recipe.cost, recipe.backends, latency.batch_sizes)
         check_registry(recipe.registry, recipe.backends, latency.batch_sizes)
+        check_search_batches(recipe.search, latency.batch_sizes)
     except ValueError as exc:
         field, _, detail = str(exc).partition(": ")
         raise RecipeError(recipe.source, field, f"{detail}: the model's fixed batch, the only one timed") from None

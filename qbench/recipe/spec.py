@@ -30,7 +30,7 @@ from qbench.recipe.executor import BackendResources, ExecutorSpec, check_backend
 from qbench.recipe.gate import GateSpec
 from qbench.recipe.metrics import MetricSpec, check_metrics, custom_metric_infos, default_gate_metric
 from qbench.recipe.registry import RegistrySpec, check_registry
-from qbench.recipe.search import SearchSpec, check_search
+from qbench.recipe.search import SearchSpec, check_search, check_search_batches
 from qbench.recipe.slo import CostSpec, SloSpec, check_serving
 from qbench.recipe.strict_yaml import read_recipe_yaml
 from qbench.recipe.variants import Name, VariantSpec, check_case_apart, reference_variant
@@ -318,6 +318,7 @@ class Recipe(_Strict):
         check_registry(self.registry, self.backends, self.latency.batch_sizes)
         check_backend_resources(self.backend_resources, self.backends)
         check_search(self.search, names)
+        check_search_batches(self.search, self.latency.batch_sizes)
         return self
 
     def custom_metrics(self) -> list[MetricInfo]:

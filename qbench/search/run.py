@@ -3,7 +3,8 @@
     outcome = run_search(prepared, backend, fp32, recipe.search, models_dir)   # called by the sweep
 
 1. Screen: each base candidate (qbench.search.candidates) is built and measured once on a few screening rows (every
-   slice represented), timed quickly at the recipe's batch sizes: its gate excess there and speed-up over FP32.
+   slice represented), timed quickly at the recipe's batch sizes (`search.batch_sizes` where set: production's): its
+   gate excess there and speed-up over FP32.
 2. Evaluate: candidates whose screening excess (`screen_excess`: one row's change on the screen is not counted) is
    within `SCREEN_SLACK` are run on every selection row and judged by the gate, fastest first, one whose screen only
    came near the gate after those clearing it at a similar speed (select.evaluation_order); once one passes, only
@@ -104,8 +105,9 @@ class _Search(KeepFloatStage):
         self.screened = ScreenOutputs(screening_indices(self.rows.slices, self.rows.count, spec.screen_rows))
         self.screen = self.rows.subset(self.screened.indices)
         latency = prepared.recipe.latency
-        self.timing = LatencySpec(batch_sizes=latency.batch_sizes, warmup=1, iterations=spec.timing_runs,
-                                  threads=latency.threads, stability=None)  # fmt: skip
+        # the batch sizes every speed-up is estimated and ranked at (search.batch_sizes: the one production serves at)
+        self.timing = LatencySpec(batch_sizes=spec.batch_sizes or latency.batch_sizes, warmup=1,
+                                  iterations=spec.timing_runs, threads=latency.threads, stability=None)  # fmt: skip
         self.records: list[CandidateRecord] = []
         self.candidates: list[Candidate] = []
         self.built: dict[int, BuiltVariant] = {}

@@ -221,6 +221,11 @@ def test_a_fixed_batch_is_every_batch_size_a_recipe_leaves_out(tmp_path: Path) -
         with_fixed_batch(budget, 8)
     assert str(caught.value) == (f"{tmp_path / 'recipe.yaml'}: slo.batch_size: got 1, expected one of the latency "
                                  "batch sizes 8: the model's fixed batch, the only one timed")  # fmt: skip
+    searched = _recipe(tmp_path, latency={"batch_sizes": [1, 16]}, search={"batch_sizes": [16]})
+    with pytest.raises(RecipeError) as caught:
+        with_fixed_batch(searched, 1)
+    assert str(caught.value) == (f"{tmp_path / 'recipe.yaml'}: search.batch_sizes: got 16, expected one of the "
+                                 "latency batch sizes 1: the model's fixed batch, the only one timed")  # fmt: skip
 
 
 @pytest.mark.parametrize("store", ["blocked/builds", "blocked"])
