@@ -82,8 +82,9 @@ MODEL_METRIC_GROUPS = ("acc/", "lat/", "speedup/", "throughput/", "cost.", "mode
 
 
 def _batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[RunTag]) -> Iterator[dict[str, list]]:
-    """Metrics, params and tags packed into as few log_batch requests as MLflow's per-request limits allow
-    (each request is a store transaction: on a sqlite store, the bulk of a variant's logging time)."""
+    """Metrics, params and tags packed into as few log_batch requests as MLflow's per-request limits allow. A sqlite
+    store commits each kind a request holds (params, metrics, a LoggedModel's metrics, tags) in a transaction of its
+    own, each a wait for the disk (the bulk of a variant's logging time): one request writes each kind once."""
     queues = {"metrics": list(metrics), "params": list(params), "tags": list(tags)}
     limits = {"metrics": MAX_METRICS_PER_BATCH, "params": MAX_PARAMS_TAGS_PER_BATCH, "tags": MAX_PARAMS_TAGS_PER_BATCH}
     while any(queues.values()):
@@ -96,9 +97,11 @@ def _batches(metrics: Sequence[Metric], params: Sequence[Param], tags: Sequence[
 
 
 def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params: Mapping[str, str],
-         tags: Mapping[str, str], model_id: str | None = None, at: tuple[int, int] | None = None) -> None:  # fmt: skip
+         tags: Mapping[str, str], model_id: str | None = None, at: tuple[int, int] | None = None,
+         samples: Sequence[Metric] = ()) -> None:  # fmt: skip
     """log_batch within MLflow's per-request limits. NaN/inf metrics are not logged: a tag names them. The metrics
-    go at step 0, now, or `at` (step, time stamp in ms: track_store.after_logged for a run that holds figures).
+    go at step 0, now, or `at` (step, time stamp in ms: track_store.after_logged for a run that holds figures);
+    `samples`, metrics with their own steps and time stamps (system metrics), go in the same requests.
 
     With `model_id`, the headline metrics (MODEL_METRIC_GROUPS) are also the LoggedModel's, shown on its page in
     the UI; the rest (every slice's figures) stay on the run: the store writes each model metric a second time."""
@@ -109,7 +112,7 @@ def _log(client: MlflowClient, run_id: str, metrics: Mapping[str, float], params
     all_tags = dict(tags) | ({"qbench.missing_metrics": tag_value(", ".join(missing))} if missing else {})
     entries = [Metric(k, v, now, step, model_id=model_id if k.startswith(MODEL_METRIC_GROUPS) else None)
                for k, v in finite.items()]  # fmt: skip
-    for request in _batches(entries, [Param(k, v) for k, v in clean_keys(params).items()],
+    for request in _batches([*entries, *samples], [Param(k, v) for k, v in clean_keys(params).items()],
                             [RunTag(k, v) for k, v in clean_keys(all_tags).items()]):  # fmt: skip
         client.log_batch(run_id, **request)
 
@@ -279,10 +282,13 @@ class SweepTracker:
         as it is (its model too, which the variant's other backends link to), nothing is logged twice."""
         self._mlflow(lambda: self._log_variant(results, variant, reused=reused))
 
-    def _log_variant(self, results: SweepResults, variant: VariantResult, *, reused: bool) -> None:
+    def _log_variant(self, results: SweepResults, variant: VariantResult, *, reused: bool,
+                     verdict: Mapping[str, str] | None = None) -> None:  # fmt: skip
         """variant_finished's logging, raising the store's failure to the one `_mlflow` call around it: `close`
         logs results no child holds yet in its own call, which must stop at the first failure (a nested `_mlflow`
-        would report it and end the runs, and `close` would go on to fail, report and end them again)."""
+        would report it and end the runs, and `close` would go on to fail, report and end them again). `verdict`,
+        the gate's tags where the gate came first (`close`): written with the variant's own tags, in one transaction.
+        """
         earlier = self._earlier.get(variant.key)
         if reused and earlier is not None and earlier.info.status in ("FINISHED", "FAILED"):  # ended by this method
             del self._earlier[variant.key]
@@ -295,7 +301,7 @@ class SweepTracker:
         if self._datasets is not None:
             self._client.log_inputs(run_id, datasets=self._datasets.variant(uses_calibration(variant)))
         _log(self._client, run_id, variant_metrics(results, variant), variant_params(results, variant),
-             variant_tags(variant), model_id=model_id)  # fmt: skip
+             variant_tags(variant) | dict(verdict or {}), model_id=model_id)  # fmt: skip
         self._client.set_terminated(run_id, status="FINISHED" if variant.status == "ok" else "FAILED")
         del self._running[variant.key]  # only once ended: a store failing before that has `abort` end it FAILED
 
@@ -344,21 +350,22 @@ class SweepTracker:
         paths = [p for p in artifact_paths(recipe, artifacts) if p.resolve() != logged_at_open]
 
         def log() -> None:
+            logged_before = {v.key: self._children[v.key] for v in results.variants if v.key in self._children}
             for variant in results.variants:
-                if variant.key not in self._children:  # results logged after the fact (log_sweep)
-                    self._log_variant(results, variant, reused=False)
+                if variant.key not in logged_before:  # results logged after the fact (log_sweep): with their verdict
+                    self._log_variant(results, variant, reused=False, verdict=gate_tags(gate, variant.key))
             params, changed = _unlogged(sweep_params(results, recipe), self._earlier_params)
             at = after_logged(self._taken_over) if self._taken_over is not None else None  # after the first summary
+            samples, self._sampler = (self._sampler.finish() if self._sampler is not None else []), None
             _log(self._client, self.parent_id, sweep_metrics(results, gate), params,
                  sweep_tags(results, gate) | changed,
-                 at=at)  # fmt: skip
-            log_gate(self._client, {v.key: self._children[v.key] for v in results.variants}, gate)
+                 at=at, samples=samples)  # fmt: skip
+            log_gate(self._client, logged_before, gate)
             _log_artifacts(self._client, self.parent_id, paths)
             if results.ranges is not None:
                 self._client.log_text(self.parent_id, to_json(results.ranges), "ranges.json")
             if results.search is not None:
                 self._client.log_text(self.parent_id, to_json(results.search), "search.json")
-            self._log_system_metrics()
             self._client.set_terminated(self.parent_id, status="FINISHED", end_time=self._end_time())
 
         self._mlflow(log)
