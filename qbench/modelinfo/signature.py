@@ -323,23 +323,26 @@ def _through_copies(name: str, producers: Mapping[str, onnx.NodeProto], stop: Se
 def _fed_by_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
     """The tensors computed from a graph input (nodes are in topological order, as a valid graph has them). A node
     holding a subgraph counts as fed: its body may read an input by name from the outer scope."""
+    from qbench.onnx_read import subgraphs_of
+
     fed = set(inputs)
     for node in graph.node:
-        body = any(a.HasField("g") or a.graphs for a in node.attribute)
-        if body or fed.intersection(node.input):
+        if subgraphs_of(node) or fed.intersection(node.input):
             fed.update(node.output)
     return fed
 
 
 def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graph_tensors(subgraph)
+    """Every tensor `graph` and its subgraphs hold: initializers and tensor attributes (a Constant's value)."""
+    from qbench.onnx_read import all_graphs
+
+    for held in all_graphs(graph):
+        yield from held.initializer
+        for node in held.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
 
 
 def external_data_files(path: Path) -> list[str]:

@@ -161,11 +161,6 @@ _STRING_TYPES = {
 }
 
 
-def has_subgraph(node: onnx.NodeProto) -> bool:
-    """Whether the node holds a graph (If's branches, Loop's and Scan's bodies)."""
-    return any(attribute.HasField("g") or len(attribute.graphs) for attribute in node.attribute)
-
-
 _NON_TENSOR_TYPES = ("sequence_type", "map_type", "optional_type")  # TypeProto kinds the converters cannot narrow
 _NON_TENSOR_PREFIXES = ("seq(", "map(", "optional(")  # the same kinds as schemas spell them
 NON_TENSOR_REASON = "reads or writes a sequence, map or optional value"
@@ -219,7 +214,7 @@ def kept_in_float32(
         if node.domain not in (*DEFAULT_DOMAINS, *NARROWED_DOMAINS):
             reasons[node.name] = f"operator domain {node.domain}"
             continue
-        if has_subgraph(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
+        if subgraphs_of(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
             reasons[node.name] = "control flow (its subgraph stays FP32)"
             continue
         if non_tensor.intersection([*node.input, *node.output]):  # the converters type tensors only
@@ -255,7 +250,7 @@ def kept_in_rounding_simulation(model: onnx.ModelProto) -> KeptNodes:
     for node in model.graph.node:
         if node.domain == "ai.onnx.ml":
             reasons[node.name] = "operator domain ai.onnx.ml"
-        elif has_subgraph(node):
+        elif subgraphs_of(node):
             reasons[node.name] = "control flow (its subgraph stays FP32)"
         elif non_tensor.intersection([*node.input, *node.output]):
             reasons[node.name] = NON_TENSOR_REASON
