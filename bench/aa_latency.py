@@ -155,7 +155,8 @@ def main() -> None:
                         "beyond_margin": beyond, "false_faster": false_faster})  # fmt: skip
         print(f"{key[0]:13} {key[1]:7} {key[2]:>5} {min(speedups):8.3f} {statistics.median(speedups):7.3f} "
               f"{max(speedups):7.3f} {statistics.median(r['p99_ratio'] for r in group):16.3f} "
-              f"{statistics.median(r['margin'] for r in group):13.3f} {beyond:>8}/{len(group)} {false_faster:>7}/{len(group)}")  # fmt: skip
+              f"{statistics.median(r['margin'] for r in group):13.3f} {beyond:>8}/{len(group)} "
+              f"{false_faster:>7}/{len(group)}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
     print(f"written: {args.out}")

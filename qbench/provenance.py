@@ -184,7 +184,8 @@ def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
         if name.startswith(EXTERNAL_DATA_INPUT) and recipe.model_path is not None:  # as `qbench validate` says it
             if not path.exists():
                 raise RecipeError(recipe.source, "model.path", f"ONNX model {recipe.model_path} keeps its weights in "
-                                  f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in {recipe.model_path.parent}")  # fmt: skip
+                                  f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in "
+                                  f"{recipe.model_path.parent}")  # fmt: skip
         elif not path.exists():
             raise QbenchError(f"{recipe.source}: {name}: {path} not found")
     images = image_inputs(recipe)

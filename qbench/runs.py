@@ -116,7 +116,8 @@ def may_be_tracked(folder: Path) -> bool:
 def portable_store_uri(uri: str) -> str:
     """`uri` as a run folder records it: a local store's relative path made absolute (MLflow resolves it against the
     working directory of the sweep, which a later command need not share), and a password in it left out (a run
-    folder is a CI artifact; qbench.track.uri.run_store_uri takes the password back from the store the later command names)."""
+    folder is a CI artifact; qbench.track.uri.run_store_uri takes the password back from the store the later command
+    names)."""
     if uri.startswith("sqlite:///"):
         path, separator, query = uri.removeprefix("sqlite:///").partition("?")
         return "sqlite:///" + Path(path).resolve().as_posix() + separator + query if path else uri

@@ -7,11 +7,12 @@ static candidates were calibrated on, the choice favours them (and calibrators t
 small sample covers exactly its extremes) over dynamic ones, which saw none of those rows. So candidates are
 measured and chosen on *selection rows*, which neither the verdict nor any calibrator uses (split_calibration):
 rows of the calibration pool that were not drawn and are not evaluated, and rows left out of the evaluation only by
-`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer than half the calibration sample, part of the sample (seeded, in
-proportion to the slices) is kept apart from fitting to make up that half, and every variant is calibrated on the
-rest. The chosen variant is then measured on the evaluation rows like any other, and the gate judges it there.
-Without such rows (every calibration row is also evaluated and no other is left, or the gate metric needs labels the
-calibration file lacks) the choice is made on the evaluation rows and every record of it says so.
+`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer
+than half the calibration sample, part of the sample (seeded, in proportion to the slices) is kept apart from fitting
+to make up that half, and every variant is calibrated on the rest. The chosen variant is then measured on the
+evaluation rows like any other, and the gate judges it there. Without such rows (every calibration row is also
+evaluated and no other is left, or the gate metric needs labels the calibration file lacks) the choice is made on the
+evaluation rows and every record of it says so.
 """
 
 from __future__ import annotations
@@ -189,6 +190,6 @@ def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: 
     if unseen:
         unsliced = f", {' and '.join(unseen)} (the choice could not weigh a candidate there)"
     few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
-    return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "
-            f"of them drawn for calibration and kept apart from fitting){few}{unsliced}; judged on the "
-            f"{evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip
+    return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated "
+            f"({selection.from_sample} of them drawn for calibration and kept apart from fitting){few}{unsliced}; "
+            f"judged on the {evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip

@@ -155,7 +155,8 @@ def _with_load(
     or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
     search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
-    A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
+    A run at the budget's rate that cannot tell whether the server keeps up is served again, longer
+    (validate.serve.settling_runs)."""
     from qbench.backends import BACKENDS
     from qbench.backends.base import needs_gpu
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing

@@ -6,8 +6,8 @@
 nncf: NNCF post-training quantization of the ONNX graph (transformer model type), on the given
 calibration feeds. modelopt: NVIDIA ModelOpt INT8 SmoothQuant of the PyTorch encoder (the
 all-MiniLM-L6-v2 weights package, first `--encoder-layers` layers, mean pooling, L2 normalisation),
-LayerNorm left unquantized, calibrated on the same feeds, exported with the TorchScript exporter as Q/DQ ONNX. Prints one JSON
-line: {"seconds": ..., "version": ...}. Imports nothing from qbench.
+LayerNorm left unquantized, calibrated on the same feeds, exported with the TorchScript exporter as Q/DQ ONNX. Prints
+one JSON line: {"seconds": ..., "version": ...}. Imports nothing from qbench.
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ class TorchRunner:
         self._last_inputs: list[torch.Tensor] = []  # the last batch run
         self._seen_signatures: set[tuple[Any, ...]] = set()
         self._compile_ms = 0.0
-        self._fidelity = fidelity or Fidelity()  # what the load knew; a run that computed nothing in the type adds to it
+        # what the load knew; a run that computed nothing in the type adds to it
+        self._fidelity = fidelity or Fidelity()
 
     def _live(self) -> torch.nn.Module:
         if self._module is None:

@@ -167,7 +167,8 @@ def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> 
     if recorded is None:
         return (_NOT_RECORDED,)
     keys = [*current, *(key for key in recorded if key not in current)]
-    return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> {current.get(key, 'not recorded')}"
+    return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> "
+                 f"{current.get(key, 'not recorded')}"
                  for key in keys if recorded.get(key) != current.get(key))  # fmt: skip
 
 
@@ -253,9 +254,9 @@ def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False, c
     finished = finished_run(root, fingerprint)
     if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
         flag = "--resume --rerun-failed" if rerun_failed else "--resume"
-        raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
-                          "resuming it would change nothing; run `qbench sweep` without --resume to measure "
-                          "everything again")  # fmt: skip
+        raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, "
+                          f"finished{_own_failures(finished.path)}: resuming it would change nothing; run `qbench "
+                          "sweep` without --resume to measure everything again")  # fmt: skip
     return run.path if run is not None else None
 
 

@@ -148,7 +148,8 @@ class _Evaluator:
         return self.judged(built)[0]
 
     def judged(self, built: BuiltVariant) -> tuple[Score, GateReport]:
-        """Its score, and the gate's verdict on it (qbench.gate.evaluate.judge: an unresolved pass is a pass, with its reasons)."""
+        """Its score, and the gate's verdict on it (qbench.gate.evaluate.judge: an unresolved pass is a pass, with its
+        reasons)."""
         measured = measure(self.backend, built, self.prepared, reference=self.reference, quiet=True)
         if measured.result.accuracy is None:
             raise QbenchError(f"explain: {built.name} could not be measured: {measured.result.error}")

@@ -53,7 +53,8 @@ DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.pbtxt"
 README_FILE = "README.md"
-INPUT_DATA_FILE = "perf_input_data.json"  # perf_analyzer's --input-data: the rows qbench timed (qbench.export.perf_data)
+# perf_analyzer's --input-data: the rows qbench timed (qbench.export.perf_data)
+INPUT_DATA_FILE = "perf_input_data.json"
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
@@ -197,8 +198,9 @@ def queue_delay_us(measured: VariantResult) -> int:
 def perf_analyzer_commands(name: str, measured: VariantResult, *, batched: bool = True) -> list[str]:
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50, on the rows qbench timed (`INPUT_DATA_FILE`). Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
-    batched, only the sizes config.pbtxt's max_batch_size admits (`batcher_sizes`)."""
+    count), stability judged on p50, on the rows qbench timed (`INPUT_DATA_FILE`). Not `batched` (a fixed-batch model),
+    a request holds the whole batch: -b 1; batched, only the sizes config.pbtxt's max_batch_size admits
+    (`batcher_sizes`)."""
     if measured.latency is None:
         return []
     largest = batcher_sizes(measured)[0]
@@ -254,9 +256,9 @@ def _load_lines(name: str, measured: VariantResult, fixed: int | None) -> list[s
     batcher = (f"max batch {serving.max_batch_size}, max queue delay {serving.max_queue_delay_ms:g} ms, "
                + (f"each batch filled up to the model's {fixed} rows" if fixed is not None else
                   "as in config.pbtxt unless overridden"))  # fmt: skip
-    simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic batcher "
-                 f"({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 {at_rate.p99_ms:.3f} "
-                 f"ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
+    simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic "
+                 f"batcher ({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
+                 f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
     if fixed is not None:
         return ["", "## qbench's load point", "", simulated +
                 f" Triton cannot serve that load: config.pbtxt has no dynamic batcher (max_batch_size 0, as the model "

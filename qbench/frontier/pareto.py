@@ -223,8 +223,8 @@ def speedup_contended(results: SweepResults, variant: VariantResult, batch_size:
 def slower_than_reference(results: SweepResults, variant: VariantResult) -> str | None:
     """'0.85× at batch 1, 0.75× at batch 8' when `variant` ran slower than FP32 on its backend at every batch size
     both timed, each beyond the timing noise (the larger of the search's tie margin, TIE, and the two points'
-    window spreads; no batch size where either was timed beside other processes' load says so); None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be
-    given."""
+    window spreads; no batch size where either was timed beside other processes' load says so); None when it is faster,
+    or as fast within the noise, at some batch size, or no speed-up can be given."""
     if variant.variant == results.reference or variant.status != "ok" or variant.latency is None:
         return None
     reference = results.find(results.reference, variant.backend)

@@ -252,7 +252,8 @@ def _panel(results: SweepResults, title: str, marks: list[_Mark], threshold: flo
         parts.append(
             f'<circle class="{css}" data-variant="{escape(mark.variant.variant)}" '
             f'data-backend="{escape(mark.variant.backend)}"{data} cx="{_fmt(x(mark.x))}" cy="{_fmt(y(mark.metric))}" '
-            f'r="5" fill="{colour if mark.filled else "#ffffff"}" stroke="{colour}"><title>{escape(mark.tooltip)}</title>'
+            f'r="5" fill="{colour if mark.filled else "#ffffff"}" '
+            f'stroke="{colour}"><title>{escape(mark.tooltip)}</title>'
             "</circle>"
         )
     parts += _labels([(m.variant.variant, x(m.x), y(m.metric)) for m in marks])

@@ -315,10 +315,11 @@ _ONE_SAMPLE_PER_ROW = (
 
 def _check_shared_axis_0(recipe: Recipe, model: ModelInfo) -> None:
     """RecipeError when some inputs fix axis 0 while others leave it dynamic (inputs of rank 1 and those with no row
-    axis aside, as in `ModelInfo.batch_dims`: data.inputs refuses the latter): axis 0 is then no batch the inputs share (a GNN's x ['num_nodes', F] beside
-    edge_index [2, 'num_edges']), and taking the static one for a fixed batch would feed two graphs' rows as one.
-    Where every fixed axis 0 is 1, a batch of one row fits every input, whichever axis holds its batch: a fixed batch
-    of 1 (a GRU's or LSTM's initial state h0 [1, 'batch', H], as torch lays it out even batch-first)."""
+    axis aside, as in `ModelInfo.batch_dims`: data.inputs refuses the latter): axis 0 is then no batch the inputs share
+    (a GNN's x ['num_nodes', F] beside edge_index [2, 'num_edges']), and taking the static one for a fixed batch would
+    feed two graphs' rows as one. Where every fixed axis 0 is 1, a batch of one row fits every input, whichever axis
+    holds its batch: a fixed batch of 1 (a GRU's or LSTM's initial state h0 [1, 'batch', H], as torch lays it out even
+    batch-first)."""
     ranked = [meta for meta in model.inputs.values() if len(meta.shape) > 1 and not shared_by_batch(meta, model.inputs)]
     fixed = [meta for meta in ranked if meta.shape[0] is not None]
     free = [meta for meta in ranked if meta.shape[0] is None]

@@ -222,7 +222,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
     if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds, refresh=not export_refreshed):
-        return _prepare(recipe, snapshot, loads=loads, export_refreshed=True)  # a stale export was replaced: read the new one
+        # a stale export was replaced: read the new one
+        return _prepare(recipe, snapshot, loads=loads, export_refreshed=True)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
@@ -414,9 +415,10 @@ def _training(
     unread: Mapping[str, bool] | None = None,
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
-    variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
-    observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
-    data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads (content_table)."""
+    variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into
+    a number in training and in the observers that calibrate on the `calibration` rows alike, so QAT never takes
+    NaN/inf rows, whatever data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads
+    (content_table)."""
     training = {}
     by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread, dtypes=numeric_dtypes(model.inputs))
                   if any(v.qat for v in recipe.variants) else table)  # fmt: skip

@@ -121,7 +121,8 @@ def _check_rows(
     # Each row without the others, as a served row comes: a value computed over the batch (a scripted
     # `if x.sum() > 0:`) may agree between 8 rows and 4 of them, and still differ for one row.
     alone = range(min(size, CHECKED_ROWS))
-    across = f"{_EXPECTED}, {_ACROSS_ROWS}" if _field(recipe) == "model.path" else _expected(recipe)  # model.torch: its remedy names those
+    # model.torch: its remedy names those
+    across = f"{_EXPECTED}, {_ACROSS_ROWS}" if _field(recipe) == "model.path" else _expected(recipe)
     if batch is None:
         trials += [(np.array([row]), f"each of the same {size} rows was fed alone", across) for row in alone]
     else:
@@ -303,8 +304,8 @@ def _dropped_batch_axis(path: Path, name: str) -> str:
     given, as PyTorch's `.squeeze()` exports) takes the batch's too when one row is fed."""
     squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze" and (len(node.input) < 2 or not node.input[1])
                 and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
-    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes ({squeezes[0].name or squeezes[0].output[0]!r}"
-             "), which drop every axis of size 1, the batch's too at one row" if squeezes else
+    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes "
+             f"({squeezes[0].name or squeezes[0].output[0]!r}), which drop every axis of size 1, the batch's too at one row" if squeezes else
              "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
     return (f"output {name!r} drops its batch axis for a batch of one row ({cause}), so a batch of one row (a last "
             "batch, a served request) gives no row; expected one output row per input row at every batch size: "

@@ -55,7 +55,8 @@ class EvaluationSpec(_Strict):
     _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
-RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")  # scopes the gate judges besides slices: a slice so named reads as one
+# scopes the gate judges besides slices: a slice so named reads as one
+RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")
 
 
 def _check_slice_name(name: str | None) -> str | None:

@@ -60,8 +60,8 @@ from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
 from qbench.validate.contention import contention_notes, oversubscription_note
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
-_CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up compares "
-                   "loads, not variants, and ranks nothing on the frontier")  # fmt: skip
+_CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up "
+                   "compares loads, not variants, and ranks nothing on the frontier")  # fmt: skip
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
                   "windows' p50s agreed within the threshold; the figure may be off by more than that")  # fmt: skip
 

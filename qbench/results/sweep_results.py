@@ -43,8 +43,9 @@ class SliceMetrics:
     # says (the gate's output_spread check, overall and per slice: an input regime past the calibrated range can
     # clamp one slice's rows to one answer while the others still vary)
     spread: dict[str, float] = field(default_factory=dict)
-    # evaluated output -> the component (a class, a target's tail, a dimension, a row) of FP32's behaviour it kept least of
-    # on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to judge
+    # evaluated output -> the component (a class, a target's tail, a dimension, a row) of FP32's behaviour it kept
+    # least of on the scope's rows (qbench.validate.kept): the gate's *_kept checks; absent where FP32 gives none to
+    # judge
     kept: dict[str, Kept] = field(default_factory=dict)
     raised: dict[str, str] = field(default_factory=dict)  # custom metric -> what it raised here (it is NaN here)
 
@@ -209,7 +210,8 @@ class SweepResults:
     timings: dict[str, float] = field(default_factory=dict)
     # rows left out for NaN/inf inputs (data.nonfinite_inputs: drop): {"evaluation"|"calibration": {column: rows}}
     dropped_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
-    # rows fed with NaN/inf inputs (data.nonfinite_inputs: keep): {"evaluation"|"calibration"|"selection"|"slice:<name>": {column: rows}}
+    # rows fed with NaN/inf inputs (data.nonfinite_inputs: keep):
+    # {"evaluation"|"calibration"|"selection"|"slice:<name>": {column: rows}}
     kept_nonfinite: dict[str, dict[str, int]] = field(default_factory=dict)
     # scope ("overall" or a slice) -> the distinct inputs its rows feed the model, only where copies repeat some: the
     # gate's resolution rule counts those (a variant gets every copy of an input alike)

@@ -333,10 +333,11 @@ def _refuse_names_at_other_positions(recipe: Recipe, names: list[str], positiona
 
 
 def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Refuse, in one line, a forward() that takes one dict (`batch["features"]`) or tuple of tensors, which fails on the
-    positional tensors the exporter passes with an error from inside the user's code (an IndexError).
+    """Refuse, in one line, a forward() that takes one dict (`batch["features"]`) or tuple of tensors, which fails on
+    the positional tensors the exporter passes with an error from inside the user's code (an IndexError).
 
-    Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward() has failed."""
+    Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward()
+    has failed."""
     torch = _import_torch()
     dtypes = {name: recipe.model.input_dtype(name) for name in shapes}
     tensors = _example_inputs(shapes, dtypes, EXAMPLE_BATCH)

@@ -76,8 +76,8 @@ def below_chance(
         if one_score_column(output):
             hint += f"; {ONE_COLUMN_CLASSES}"
     elif (stated := column_classes(output)) is not None:  # data.classes is refused beside a class table
-        hint = (f"the graph names its classes ({listed_classes(stated)}), so a number label is the position of its class "
-                f"there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
+        hint = (f"the graph names its classes ({listed_classes(stated)}), so a number label is the position of its "
+                f"class there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
     else:
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
     guess = "" if unpaired_rate is None else f" and a guess answering each class as often as FP32 does ({unpaired_rate:.4f})"

@@ -121,7 +121,8 @@ class Multilabel(Task):
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if outputs.dtype.kind != "f" or outputs.ndim != 2:
             raise LabelError(f"task 'multilabel' reads (rows, labels) float outputs, got {outputs.dtype} {outputs.shape}")
-        if labels is not None and np.size(labels) == outputs.size:  # one label per row arrives as (rows,), see regression
+        if labels is not None and np.size(labels) == outputs.size:
+            # one label per row arrives as (rows,), see regression
             labels = np.asarray(labels).reshape(outputs.shape)
         if labels is not None and labels.shape != outputs.shape:
             raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")

@@ -5,8 +5,8 @@ No built-in task can say what a `[N, C, H, W]` score map or `[N, K, 4]` boxes ar
 task reads any tensor output with its rows on axis 0, passes each row's label cell to the custom metrics as it is
 (per-pixel classes, boxes...), and reports only what needs no interpretation: agreement with FP32 (rows whose every
 value is within 1 % of that value's FP32 spread, or of itself where FP32 gives it one value, as regression's; an
-integer output's rows where every value equals FP32's) and `max_abs_error`. The gate's metric is one of `metrics:` (the first by default), so the verdict is the user's
-metric, never a guess.
+integer output's rows where every value equals FP32's) and `max_abs_error`. The gate's metric is one of `metrics:` (the
+first by default), so the verdict is the user's metric, never a guess.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Structured(Task):
         missing = np.array([c is None for c in cells])
         if missing.any():
             raise LabelError(f"{example_rows(missing, list(values), positions)} hold no label or no "
-                             "rectangular array of numbers (expected a number or a list of numbers per row, nested lists "
-                             "of equal lengths)")  # fmt: skip
+                             "rectangular array of numbers (expected a number or a list of numbers per row, nested "
+                             "lists of equal lengths)")  # fmt: skip
         if len({c.shape for c in cells}) == 1:  # type: ignore[union-attr]
             return np.stack(cells)  # type: ignore[arg-type]
         stacked = np.empty(len(cells), dtype=object)

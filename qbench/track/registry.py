@@ -80,7 +80,8 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
         kinds.setdefault(variant.backend, {}).setdefault(timed_on(variant), []).append(variant.variant)
     for backend, by_kind in kinds.items():
         if len(by_kind) > 1:
-            where = "; ".join(f"{', '.join(names)} on {kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
+            where = "; ".join(f"{', '.join(names)} on "
+                              f"{kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
             raise QbenchError(f"cannot tell the fastest passing variant on {backend}: its variants were timed on "
                               f"{len(by_kind)} kinds of machine ({where}); time every variant of a backend on one "
                               "kind of node; nothing registered")  # fmt: skip
@@ -213,5 +214,6 @@ def register_best(
                 with contextlib.suppress(MlflowException, OSError):
                     client.delete_registered_model(name)
             message = exc.message if isinstance(exc, MlflowException) else str(exc)
-            raise QbenchError(f"registering {name!r} in {without_password(uri)} failed: {one_line(message, FAILURE_CHARS)}") from exc
+            raise QbenchError(f"registering {name!r} in {without_password(uri)} failed: "
+                              f"{one_line(message, FAILURE_CHARS)}") from exc
     return registered

@@ -90,8 +90,8 @@ def oversubscription_note(latency: LatencyResult | None) -> str:
                "throttling), so its latencies, its tail most, are the quota's rather than the model's (and so are the "
                "SLO verdict and cost per inference taken from them)")  # fmt: skip
     else:
-        why = (f"the threads took turns on the CPUs, so its latencies (and the SLO verdict and cost per inference taken "
-               f"from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
+        why = ("the threads took turns on the CPUs, so its latencies (and the SLO verdict and cost per inference "
+               f"taken from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
     fit = threads_that_fit(latency.machine)
     remedy = f"set latency.threads to at most {fit}, or time it" if fit >= 1 else "time it"
     return f"latency timed with {crowded}: {why}; {remedy} where {cpus_allowed(latency.threads)}"

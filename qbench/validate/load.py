@@ -71,7 +71,8 @@ class FixedServiceTime:
 class HostWork:
     """`service`'s times plus `per_row_ms` for each row of the batch: per-request work (pre-processing: tokenising,
     decoding) done on the CPUs the model runs on, which it takes from the model as the batch's requests come in, so
-    the model serves fewer requests a second (qbench.serving charges it where the backend runs the model on the host)."""
+    the model serves fewer requests a second (qbench.serving charges it where the backend runs the model on the
+    host)."""
 
     service: ServiceTimes
     per_row_ms: float
@@ -126,9 +127,9 @@ class MeasuredServiceTimes:
     between two measured ones takes the larger of the linear interpolation between the same quantile of
     both (latency close to affine in batch size) and the slowest of as many batches of the smaller size
     as it holds, capped by the larger size's time (a batch as slow as its slowest row: an affine
-    interpolation of a row-dependent tail made a 20 ms budget look met at 2.8x the true rate); a size below the smallest measured one is charged that size's
-    time (an upper bound). Sizes above the largest measured one are not served. `idle_samples_ms`:
-    the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
+    interpolation of a row-dependent tail made a 20 ms budget look met at 2.8x the true rate); a size below the
+    smallest measured one is charged that size's time (an upper bound). Sizes above the largest measured one are not
+    served. `idle_samples_ms`: the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
     measure_batcher_samples), drawn for batches that start on an idle model; without them every batch
     draws from the back-to-back timings.
     """

@@ -204,13 +204,14 @@ def judge_rate(
     undecided or not yet confirmed, up to `max_requests` and before a round that would take it past `max_batches`
     (None: the requests bound it; the verdict then stands as the last replay gave it, but where the replay before it
     gave the opposite one: two independent replays, one within the budget and one over it, show neither, UNDECIDED);
-    the figures are the last replay's. The verdict at one rate is a gate's, and cheap beside a search (one rate, not dozens), so it may run
-    GROWTH times further than the search, whatever the batches (at batch size 1, 1.7 million, about 3 s). Near capacity a replay of 5,000 requests holds few of the long queues the requests over a budget come
-    in: M/D/1 at 460 req/s of 500 (true p99 57.3 ms) showed a p99 within a 45.8 ms budget on 5 of 10 seeds, and one
-    at 480 req/s (114.9 ms) passed even the upper confidence bound. Nor is one replay's share over 1 % a breach:
-    batch 1 in 0.5 ms, 8 in 1 ms and 32 in 8 ms behind a batcher of 32 at 3,900 of its 4,000 req/s (0.2 % of
-    requests over a 20 ms budget in 2 million) breached on 7 of 40 seeds, its p99 over the budget in one replay of
-    20,000-80,000 requests that held one excursion into full batches (tests/validate/test_load_rate.py)."""
+    the figures are the last replay's. The verdict at one rate is a gate's, and cheap beside a search (one rate, not
+    dozens), so it may run GROWTH times further than the search, whatever the batches (at batch size 1, 1.7 million,
+    about 3 s). Near capacity a replay of 5,000 requests holds few of the long queues the requests over a budget come
+    in: M/D/1 at 460 req/s of 500 (true p99 57.3 ms) showed a p99 within a 45.8 ms budget on 5 of 10 seeds, and one at
+    480 req/s (114.9 ms) passed even the upper confidence bound. Nor is one replay's share over 1 % a breach: batch 1
+    in 0.5 ms, 8 in 1 ms and 32 in 8 ms behind a batcher of 32 at 3,900 of its 4,000 req/s (0.2 % of requests over a 20
+    ms budget in 2 million) breached on 7 of 40 seeds, its p99 over the budget in one replay of 20,000-80,000 requests
+    that held one excursion into full batches (tests/validate/test_load_rate.py)."""
     spent, previous = 0, None
     # near a capacity that full batches, the slowest per request, set (throughput_falls: rare, long excursions into
     # them), a verdict stands only on the most requests: at 3,980 of 4,000 req/s (true p99 81.6 ms against 20) 7 of 10

@@ -70,11 +70,11 @@ def table_positions(values: np.ndarray, table: Sequence[Any], name: str) -> np.n
 
 
 # What to do with an output whose length depends on the data (NonMaxSuppression, NonZero, a data-dependent TopK).
-VARIABLE_SHAPE = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
-                  "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be "
-                  "judged: evaluate the tensors before that step (the raw boxes and scores: save the model with them "
-                  "among its outputs and name them in model.outputs), or export a fixed number per row (the top K, "
-                  "padded, with a count output)")
+VARIABLE_SHAPE = ("qbench compares outputs row by row and value by value, so an output whose length depends on the "
+                  "data (detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot "
+                  "be judged: evaluate the tensors before that step (the raw boxes and scores: save the model with "
+                  "them among its outputs and name them in model.outputs), or export a fixed number per row (the top "
+                  "K, padded, with a count output)")
 
 
 def row_count(feeds: Mapping[str, np.ndarray]) -> int:

@@ -12,8 +12,8 @@ tensor the format stores is rounded to it by an explicit Cast to the format and
 back. A recurrent layer (LSTM, GRU, RNN) runs step by step with its state rounded
 after every step, as narrow-float hardware stores it (emulate_recurrent), and an
 inference BatchNormalization is folded into the Conv before it, as ONNX Runtime
-and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
-65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
+and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even
+with IEEE semantics: beyond 65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
 kept; bfloat16 has FP32's range and 8 bits of precision. ORT keeps these Cast
 pairs at every optimisation level (ORT_ENABLE_ALL included; tested), and the
 Casts also stop fusions that would skip a rounding.

@@ -130,8 +130,8 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
 def _runtime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Element types ONNX Runtime gives `names` when it loads the model, for tensors neither ONNX shape inference
     nor the schemas can type: what follows its contrib operators (com.microsoft Attention, SkipLayerNormalization,
-    FastGelu... in graphs its transformer optimiser wrote), where ONNX's inference stops. Empty if the model does not load.
-    ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
+    FastGelu... in graphs its transformer optimiser wrote), where ONNX's inference stops. Empty if the model does not
+    load. ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
     import onnxruntime as ort
 
     skeleton = typing_skeleton(model)  # types need no weights: a model of any size, and no second copy of its weights

@@ -141,8 +141,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         save_model(converted, target)
     notes = []
     if too_large:
-        notes.append(f"{too_large} weight value(s) beyond FP16's largest finite value ({FP16_MAX_FINITE:g}) were clamped "
-                     "to it")
+        notes.append(f"{too_large} weight value(s) beyond FP16's largest finite value ({FP16_MAX_FINITE:g}) were "
+                     "clamped to it")
     if too_small:
         notes.append(f"{too_small} nonzero weight value(s) nearer 0 than FP16's smallest positive value "
                      f"({FP16_MIN_POSITIVE:g}) were raised to it, sign kept (a change of under {FP16_MIN_POSITIVE:g} each)")
@@ -329,8 +329,8 @@ def partly_lowered(
         note += (f"; the graph's ONNX-ML {', '.join(sorted(set(predictors)))} stay FP32, and {len(after)} lowered "
                  f"node(s) compute on what they give in {precision}")
     elif predictors and not total:
-        note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the variant computes "
-                 f"in FP32, {precision} rounds only the nodes above")
+        note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the "
+                 f"variant computes in FP32, {precision} rounds only the nodes above")
     return params, [note]
 
 
@@ -338,9 +338,9 @@ _IDENTITY_OPERAND = {"Mul": (1.0, (0, 1)), "Div": (1.0, (1,)), "Add": (0.0, (0, 
 
 
 def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto], lowered: Collection[str]) -> list[onnx.NodeProto]:
-    """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly or
-    through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a constant
-    (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
+    """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly
+    or through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a
+    constant (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
 
     An IsolationForest's score is computed after its trees (the path lengths summed, divided, raised as a power of 2),
     and its BF16 variant computes that arithmetic in BF16, its scores 0.0026 off FP32's; the gate said it computed

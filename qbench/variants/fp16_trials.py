@@ -14,9 +14,10 @@ by at least the rounding that storing it in FP16 costs, up to half that spacing,
 trial that moves no output by more than an eighth of that spacing (a quarter of the storage rounding alone) changes
 nothing FP16's own rounding does not dwarf. An output whose every value lies below FP16's smallest normal is not
 stored in FP16 (the variant keeps it in float32, out of range), so its floor is its own scale instead: the spacing
-FP16's 10 bits give its largest value (logits of 1e-9, rounded to zero a layer before, moved by 0.06 subnormals). Harmful clamps are orders of magnitude beyond it (the variance above
-moves outputs by thousands of spacings), harmless ones are 0 or nearly so, so the outcome does not hinge on the
-figure. Non-float outputs must be equal, and an output NaN or inf where FP32's is not (or the reverse) is a change.
+FP16's 10 bits give its largest value (logits of 1e-9, rounded to zero a layer before, moved by 0.06 subnormals).
+Harmful clamps are orders of magnitude beyond it (the variance above moves outputs by thousands of spacings), harmless
+ones are 0 or nearly so, so the outcome does not hinge on the figure. Non-float outputs must be equal, and an output
+NaN or inf where FP32's is not (or the reverse) is a change.
 """
 
 from __future__ import annotations

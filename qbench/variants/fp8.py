@@ -190,10 +190,10 @@ def _notes(inserted: Fp8Insertion, counts: dict[str, int], params: dict[str, Any
     attention = params["quantized_attention_matmuls"]
     if attention:
         notes.append(
-            f"{len(attention)} MatMul/Gemm with two computed inputs (attention's Q x K^T and probabilities x V) read E4M3 "
-            "on both sides, as an FP8 attention kernel would; FP8 recipes that quantize Linear layers only (qbench's "
-            "torch form: torchao float8 on nn.Linear) keep them in 16/32-bit: keep_float: [masks, attention_matmuls] "
-            "builds that"
+            f"{len(attention)} MatMul/Gemm with two computed inputs (attention's Q x K^T and probabilities x V) read "
+            "E4M3 on both sides, as an FP8 attention kernel would; FP8 recipes that quantize Linear layers only "
+            "(qbench's torch form: torchao float8 on nn.Linear) keep them in 16/32-bit: keep_float: [masks, "
+            "attention_matmuls] builds that"
         )
     return notes
 

@@ -173,7 +173,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if isinstance(config, OrtStatic) and "Gemm" in op_types:
-        params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
+        # the static quantizer misreads alpha, beta, a 2-D C
+        params["gemms_made_plain"] = len(plain_gemm_factors(model))
     rules, default = float_rules(config, static=isinstance(config, OrtStatic))
     kept_float = kept_float_nodes(model, rules, default=default)
     params.update(kept_float.params())
@@ -308,7 +309,8 @@ def _quantize_static(
     if unranged:
         exclude = [*exclude, *unranged]
         more = f" (+{len(unranged) - 5} more)" if len(unranged) > 5 else ""
-        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}{more}")
+        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: "
+                     f"{', '.join(unranged[:5])}{more}")
     with build_step(name, "static quantization"), quiet_stdout():
         quantize_static(
             prepared,

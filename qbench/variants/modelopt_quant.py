@@ -2,7 +2,8 @@
 
 ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts
 fake quantizers from a preset (INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the
-alpha of the variant's `smoothquant:` block), calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
+alpha of the variant's `smoothquant:` block), calibrates them on the calibration batches, and the TorchScript exporter
+writes ONNX.
 
 Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram
 calibrator on activations (per tensor only, so weights keep max). Its entropy search needs an
@@ -455,7 +456,8 @@ def standard_fp8_model(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node(_TRT_FP8_OPS[node.op_type], inputs, list(node.output), name=node.name))
     leftover = custom_domains(model) - {TRT_DOMAIN}
     if leftover or any(n.domain == TRT_DOMAIN for n in nodes):
-        raise QbenchError(f"the FP8 export holds custom nodes qbench cannot rewrite ({', '.join(sorted(leftover)) or TRT_DOMAIN})")
+        raise QbenchError("the FP8 export holds custom nodes qbench cannot rewrite "
+                          f"({', '.join(sorted(leftover)) or TRT_DOMAIN})")
     graph.ClearField("node")
     graph.node.extend(nodes)
     graph.initializer.extend([*folded, zero_point])

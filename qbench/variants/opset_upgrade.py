@@ -153,18 +153,19 @@ def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, op
     for (kind, name, before), (_, renamed, after) in zip(interface(model.graph), interface(converted.graph),
                                                          strict=False):  # fmt: skip
         if renamed != name:
-            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed graph "
-                              f"{kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed "
+                              f"graph {kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
         if not _same_interface(before, after):
-            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed graph "
-                              f"{kind} {name!r} from {_described(before)} to {_described(after)}; export the model at "
-                              f"opset {opset} or later")  # fmt: skip
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed "
+                              f"graph {kind} {name!r} from {_described(before)} to {_described(after)}; export the "
+                              f"model at opset {opset} or later")  # fmt: skip
     if len(interface(model.graph)) != len(interface(converted.graph)):
         raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed the "
                           f"graph's inputs or outputs; export the model at opset {opset} or later")
 
 
-_HOLDERS = {"sequence_type": "seq", "optional_type": "optional"}  # the types holding one other type, as ONNX writes them
+# the types holding one other type, as ONNX writes them
+_HOLDERS = {"sequence_type": "seq", "optional_type": "optional"}
 
 
 def _same_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:

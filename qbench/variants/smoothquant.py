@@ -16,8 +16,8 @@ Reshape/Flatten that keeps the last axis (GPT-2's Conv1D), or, for an attention 
 head merge, attention MatMul and head split (`attention_heads`, where the graph proves each channel stays itself);
 Shape/Size readers of a tensor do not block a fold;
 otherwise one Mul by 1/s is inserted before the group (or, with
-`unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation ranges
-come from one ORT pass over the calibration batches; the per-tensor ranges after
+`unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation
+ranges come from one ORT pass over the calibration batches; the per-tensor ranges after
 smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
 `alpha: "auto"` chooses alpha per group from the same pass (see `_best_alpha`).
 """
@@ -403,6 +403,6 @@ def smooth_model(
     ranges = collect_channel_ranges(model, list(groups), batches, tmp, sample_rows)
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
     if report.judged_on_fit:
-        logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged on "
-                       "the row its range was fitted on (clipping beyond that range goes unseen); calibrate on more rows")
+        logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged "
+                       "on the row its range was fitted on (clipping beyond that range goes unseen); calibrate on more rows")
     return SmoothedModel(view.commit(), input_ranges, report)
