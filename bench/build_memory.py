@@ -125,7 +125,8 @@ def main() -> None:
         for build in args.builds:
             results[build] = {label: measure(tree, build, model, args.width) for label, tree in trees.items()}
             row = "  ".join(f"{label}: " + (f"peak {r['peak_rss'] / 1e6:6.0f} MB  written {r['written'] / 1e6:6.0f} MB"
-                                              if "error" not in r else r["error"]) for label, r in results[build].items())  # fmt: skip
+                                              if "error" not in r else r["error"])
+                                              for label, r in results[build].items())  # fmt: skip
             print(f"{build:13s} {row}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"model_bytes": size, "builds": results}, indent=2))

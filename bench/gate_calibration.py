@@ -92,7 +92,8 @@ def classification(n: int, classes: int, loss: float, gain: float, *, sliced: bo
     return draw
 
 
-def regression(n: int, worse: float, *, sliced: bool = False, targets: int = 1) -> Callable[[np.random.Generator], Trial]:
+def regression(n: int, worse: float, *, sliced: bool = False,
+               targets: int = 1) -> Callable[[np.random.Generator], Trial]:
     """FP32's errors N(0, 1) on labels N(0, 5²); the variant adds N(0, s) so its population MAE and RMSE are
     (1 + worse) times FP32's (on the rows of slice 'b' when `sliced`), on each of `targets` targets: its R² drops by
     ((1 + worse)² - 1) / 25."""

@@ -76,7 +76,8 @@ def searched(recipe: Recipe) -> dict[str, Any]:
         "search_seconds": search.seconds if search else None, "sweep_seconds": time.perf_counter() - started,
         "speedups": speedups, "metric": results.gate_metric,
         "drop": variant.accuracy.overall.drops.get(results.gate_metric) if variant and variant.accuracy else None,
-        "worst_slice": worst.name if worst else None, "worst_slice_drop": worst.drops.get(results.gate_metric) if worst else None,
+        "worst_slice": worst.name if worst else None,
+        "worst_slice_drop": worst.drops.get(results.gate_metric) if worst else None,
         "gate": outcome.gate.status_of(name, recipe.backends[0]), "results": str(outcome.results_path),
     }  # fmt: skip
 
@@ -112,9 +113,11 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     prepared = prepare(recipe, track=False)
     calibration = work / "calibration.npz"
     np.savez(calibration,
-             **{k: np.concatenate([b[k] for b in prepared.calibration_batches]) for k in prepared.calibration_batches[0]})
+             **{k: np.concatenate([b[k] for b in prepared.calibration_batches])
+                for k in prepared.calibration_batches[0]})
     made: dict[str, dict[str, Any]] = {"fp32": {"path": prepared.source.onnx_path, "seconds": 0.0, "tool": "export"},
-                                       "qbench-search": {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
+                                       "qbench-search": {"path": Path(qbench["model_path"]),
+                                                         "seconds": qbench["search_seconds"],
                                                          "tool": "qbench search "
                                                                  f"({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
     made |= ort_dynamic(prepared, work)
@@ -134,7 +137,8 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         c = cosines[name]
         passed = 1 - c["mean_cosine"] <= gate.max_drop + 1e-12 and 1 - c["worst_slice_cosine"] <= gate.max_slice_drop + 1e-12
         rows[name] = {**c, "tool": m["tool"], "seconds_to_produce": m["seconds"], "gate": "pass" if passed else "fail",
-                      **{f"speedup_b{b}": latency["fp32"][f"b{b}"]["p50_ms"] / latency[name][f"b{b}"]["p50_ms"] for b in BATCH_SIZES},
+                      **{f"speedup_b{b}": latency["fp32"][f"b{b}"]["p50_ms"] / latency[name][f"b{b}"]["p50_ms"]
+                         for b in BATCH_SIZES},
                       **{f"p50_ms_b{b}": latency[name][f"b{b}"]["p50_ms"] for b in BATCH_SIZES}}  # fmt: skip
     return {"contenders": rows, "latency": latency, "qbench": qbench}
 

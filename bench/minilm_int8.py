@@ -100,7 +100,8 @@ def p50_ms(sess: ort.InferenceSession, batch: dict[str, np.ndarray], warmup: int
     return float(np.percentile(durations, 50))
 
 
-def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray],
+                        args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """Per contender and batch size: the p50 of every round and their median."""
     batches = {b: take_batch(feeds, b) for b in BATCH_SIZES}
     rounds: dict[str, dict[int, list[float]]] = {name: {b: [] for b in BATCH_SIZES} for name in models}
@@ -110,7 +111,8 @@ def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray], a
             for b, batch in batches.items():
                 rounds[name][b].append(p50_ms(sess, batch, args.warmup, args.iterations))
             del sess
-        console.print(f"round {index + 1}/{args.rounds}: " + ", ".join(f"{n} {r[16][-1]:.1f} ms" for n, r in rounds.items()))
+        console.print(f"round {index + 1}/{args.rounds}: " + ", ".join(f"{n} {r[16][-1]:.1f} ms"
+                                                                       for n, r in rounds.items()))
     return {name: {f"b{b}": {"rounds_p50_ms": v, "p50_ms": statistics.median(v)} for b, v in per.items()}
             for name, per in rounds.items()}  # fmt: skip
 
@@ -176,7 +178,8 @@ def report(latency: dict[str, Any], cosines: dict[str, Any]) -> dict[str, Any]:
         "speedup_b16": ours["speedup_b16"] >= GOAL["speedup_b16"],
         "mean_cosine": ours["mean_cosine"] >= GOAL["mean_cosine"],
         "slice_cosine": ours["worst_slice_cosine"] >= GOAL["slice_cosine"],
-        "beats_ort_defaults": all(ours["speedup_b16"] > summary[o]["speedup_b16"] and ours["mean_cosine"] > summary[o]["mean_cosine"]
+        "beats_ort_defaults": all(ours["speedup_b16"] > summary[o]["speedup_b16"]
+                                  and ours["mean_cosine"] > summary[o]["mean_cosine"]
                                   for o in ("ort-static", "ort-dynamic")),
     }  # fmt: skip
     console.print("goal: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goal.items()))

@@ -82,7 +82,8 @@ def real_figures(served: Served, overhead_ms: float, rate: float) -> dict[str, f
     # from when the client actually enqueued the request: what a server that stamps arrivals itself would report
     from_enqueue = np.percentile(served.latencies_ms - served.client_lag_ms + overhead_ms, [50, 99])
     return {"p50_ms": float(p50), "p99_ms": float(p99), "mean_batch_size": float(served.batch_sizes.mean()),
-            "achieved_rps": served.latencies_ms.size * 1000 / served.done_ms.max(), "keeps_up": served.keeps_up(rate).verdict is Verdict.PASS,
+            "achieved_rps": served.latencies_ms.size * 1000 / served.done_ms.max(),
+            "keeps_up": served.keeps_up(rate).verdict is Verdict.PASS,
             "client_lag_p50_ms": float(np.percentile(served.client_lag_ms, 50)),
             "client_lag_p99_ms": float(np.percentile(served.client_lag_ms, 99)),
             "from_enqueue_p50_ms": float(from_enqueue[0]), "from_enqueue_p99_ms": float(from_enqueue[1]),
@@ -116,7 +117,8 @@ def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], seed: int, batche
     return low, runs
 
 
-def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe, samples: dict[int, np.ndarray]) -> list[dict[str, Any]]:
+def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe,
+                  samples: dict[int, np.ndarray]) -> list[dict[str, Any]]:
     """p50 service time measured at intermediate batch sizes against qbench's interpolation of the timed sizes."""
     timing = recipe.latency
     service = MeasuredServiceTimes(samples)
@@ -131,7 +133,8 @@ def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe, 
     return rows
 
 
-def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractions: list[float], requests: int) -> dict[str, Any]:
+def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractions: list[float],
+                     requests: int) -> dict[str, Any]:
     backend = get_backend(recipe.backends[0])
     timing = recipe.latency
     settings = load_settings(recipe.slo, backend.name, timing.batch_sizes)
@@ -172,10 +175,12 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
             real["run_vs_timed"] = float(served.run_ms.sum() / timed.sum())
             rows.append({"rate_rps": rate, "of_capacity": rate / replay.capacity_rps,
                          "predicted": {"p50_ms": predicted.p50_ms, "p99_ms": predicted.p99_ms,
-                                       "mean_batch_size": predicted.mean_batch_size, "overloaded": predicted.overloaded},
+                                       "mean_batch_size": predicted.mean_batch_size,
+                                       "overloaded": predicted.overloaded},
                          "back_to_back": {"p50_ms": old.p50_ms, "p99_ms": old.p99_ms},
                          "real": real, "p50_ratio": real["p50_ms"] / predicted.p50_ms,
-                         "p99_ratio": real["p99_ms"] / predicted.p99_ms, "back_to_back_p50_ratio": real["p50_ms"] / old.p50_ms,
+                         "p99_ratio": real["p99_ms"] / predicted.p99_ms,
+                         "back_to_back_p50_ratio": real["p50_ms"] / old.p50_ms,
                          "back_to_back_p99_ratio": real["p99_ms"] / old.p99_ms})  # fmt: skip
         intermediate = service_check(runner, feeds, recipe, samples)
     finally:

@@ -114,7 +114,8 @@ def _table(name: str, rows: list[dict[str, Any]], rate: float | None, budget: fl
     return table
 
 
-def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices: list[str], scratch: Path) -> dict[str, Any]:
+def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices: list[str],
+            scratch: Path) -> dict[str, Any]:
     recipe = load_recipe(_digits_assets(path, scratch) if path.name.startswith("digits") else path)
     recipe = with_prices(_reduced(recipe, limit, variants), prices)
     recipe = recipe.model_copy(update={"output_dir": scratch / "reports"})

@@ -273,7 +273,8 @@ def model_sha256(path: Path) -> str:
 def model_bytes(path: Path) -> int:
     """An ONNX model's size on disk: the model file and each of its external-data files (big models keep their
     weights there: the .onnx alone can be a few KB)."""
-    return path.stat().st_size + sum((path.parent / location).stat().st_size for location in external_data_locations(path))
+    return path.stat().st_size + sum((path.parent / location).stat().st_size
+                                     for location in external_data_locations(path))
 
 
 def recipe_record(recipe: Recipe) -> dict[str, Any]:

@@ -63,7 +63,8 @@ def serving_figures(
         gpu_util_pct=float(gpu_util) if gpu_util is not None else None, cache_bytes=last_level_cache_bytes(),
         lookup_bytes=lookup_bytes,
     )  # fmt: skip
-    serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
+    serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime),
+                            bound=bound)
     if recipe.slo is not None:
         if server is None:
             raise QbenchError("serving figures with `slo:` need a real server to check the highest rate against")
@@ -181,7 +182,8 @@ def _with_load(
     served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
     served_at_rate = None
     # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped
-    if budget.rate_rps and (search.cut_short or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
+    if budget.rate_rps and (search.cut_short
+                            or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
             served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))

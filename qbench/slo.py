@@ -91,7 +91,8 @@ def _judge_one(
         if judged is None:
             return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps"
                           f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): re-run `qbench sweep` with this slo section")  # fmt: skip
-        recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
+        recorded = {k: getattr(serving, k)
+                    for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged

@@ -343,7 +343,8 @@ class TorchBackend:
         simulation of quantization (fake-quant, Q/DQ in float) has neither native accuracy nor latency; a
         precision this device has no native kernels for computes in its type (accuracy native) at a speed that is
         not the format's (latency emulated)."""
-        if _is_fake_quant(variant) or (variant.precision in ("int8", "fp8") and quantized_linear_layers(module)[0] == 0):
+        if _is_fake_quant(variant) or (variant.precision in ("int8", "fp8")
+                                       and quantized_linear_layers(module)[0] == 0):
             return Fidelity(EMULATED, EMULATED, self.kernels(variant, module))
         caveat = self.caveat(variant.precision)
         return Fidelity(NATIVE, EMULATED, caveat.strip(" ;()")) if caveat else Fidelity()

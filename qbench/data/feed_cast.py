@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 INPUTS_FIELD = "data.inputs"
 
 
-def cast_to_input(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path, rows: pd.Index | None = None) -> np.ndarray:
+def cast_to_input(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path,
+                  rows: pd.Index | None = None) -> np.ndarray:
     """`values` as the input's dtype; a RecipeError where that would change them. `rows`: the table's row of each
     value along axis 0, to name where a problem is."""
     target = np.dtype(meta.dtype)

@@ -99,7 +99,8 @@ def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: P
         return
     cells = values.dropna()
     flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
-    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
+    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating))
+                        and not isinstance(v, (bool, np.bool_)))
     if flags.any() and numbers.any():
         example = cells[numbers].iloc[0]
         message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which pandas "

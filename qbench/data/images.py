@@ -160,7 +160,8 @@ def image_file(cell: str, root: Path) -> tuple[Path, str | None]:
 
 
 def image_paths(
-    cells: pd.Series, column: str, root: Path, *, recipe_file: Path, copies: Mapping[str, tuple[Path, str]] | None = None
+    cells: pd.Series, column: str, root: Path, *, recipe_file: Path,
+    copies: Mapping[str, tuple[Path, str]] | None = None
 ) -> list[tuple[Path, Path]]:  # fmt: skip
     """Each cell's file and where it is read from (its copy among `copies`, a sweep's snapshot, else the file); a
     RecipeError naming the row for a cell that is no path, one leaving the root, or a file that is not there (not
@@ -239,7 +240,8 @@ def _check_feed_memory(rows: int, shape: tuple[int, ...], dtype: np.dtype, colum
 
 
 def decode(
-    path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any, read: Path | None = None
+    path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any,
+    read: Path | None = None
 ) -> np.ndarray:  # fmt: skip
     """One image file as a (height, width, channels) uint8 array, converted and resized as `spec` says; read from
     `read` (its copy in a sweep's snapshot) where given, named `path` in messages."""

@@ -332,7 +332,8 @@ def number_format_hint(values: pd.Series) -> str:
             if re.fullmatch(commas, found.iloc[0]):  # '1,234': a decimal comma, or a grouping comma
                 return (f"; cells such as {found.iloc[0]!r} write numbers with a decimal comma or group thousands "
                         f"with ',', read as numbers only where declared: data.csv: {{decimal: ','}} or {declare}")
-            return f"; cells such as {found.iloc[0]!r} group thousands with {THOUSANDS[thousands]}, read as numbers only where declared: {declare}"
+            return (f"; cells such as {found.iloc[0]!r} group thousands with {THOUSANDS[thousands]}, read as numbers "
+                    f"only where declared: {declare}")
     found = text[text.str.fullmatch(commas)]
     if found.empty:
         return ""

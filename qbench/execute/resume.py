@@ -252,7 +252,8 @@ def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False, c
         return named.path
     run = resumable_run(root, fingerprint, rerun_failed=rerun_failed)
     finished = finished_run(root, fingerprint)
-    if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
+    if finished is not None and (run is None
+                                 or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
         flag = "--resume --rerun-failed" if rerun_failed else "--resume"
         raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, "
                           f"finished{_own_failures(finished.path)}: resuming it would change nothing; run `qbench "

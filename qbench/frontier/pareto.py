@@ -184,7 +184,8 @@ def gate_threshold(results: SweepResults, gate: GateSpec) -> float | None:
     return value - tolerances.max_drop if higher else value + tolerances.max_drop
 
 
-def gate_tolerances(results: SweepResults, gate: GateSpec, metric: str | None = None) -> tuple[float, Tolerances] | None:
+def gate_tolerances(results: SweepResults, gate: GateSpec,
+                    metric: str | None = None) -> tuple[float, Tolerances] | None:
     """The reference's gate-metric figure (`metric`'s, for another gated metric: `gate` is then its own single-metric
     spec) on the first backend where it is finite, and the gate's tolerances resolved against it
     (qbench.gate.tolerance); None when no backend has one, or a relative tolerance of it is unformed."""

@@ -270,7 +270,8 @@ def _constant_tensors(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
+def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto],
+               consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
     """Why the model's label is not the arg-max of the scores in `chain`, or None."""
     if _labelled_by_argmin(chain, consumers):
         return "the graph's label is the ArgMin of these scores (lower is better, e.g. distances to cluster centres)"
@@ -280,7 +281,8 @@ def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers
 
 
 def _labelled_by_argmin(chain: list[str], consumers: dict[str, list[onnx.NodeProto]]) -> bool:
-    return any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain for user in consumers.get(name, []))
+    return any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain
+               for user in consumers.get(name, []))
 
 
 def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -355,7 +357,8 @@ def _class_labels(node: onnx.NodeProto) -> ClassTable | None:
     return None
 
 
-def _label_table(name: str, producers: dict[str, onnx.NodeProto], constants: dict[str, ClassTable]) -> ClassTable | None:
+def _label_table(name: str, producers: dict[str, onnx.NodeProto],
+                 constants: dict[str, ClassTable]) -> ClassTable | None:
     """The classes the label output `name` is one of: the labels of the ONNX-ML classifier whose first output it
     copies, or the constant table it is looked up in (through reshapes and casts)."""
     for _ in range(len(_INDEX_OPS) * 4):

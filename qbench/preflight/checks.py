@@ -378,7 +378,8 @@ def _batch_fields(recipe: Recipe, size: int) -> list[tuple[str, object, object]]
         ("data.evaluation.batch_size", recipe.data.evaluation, "batch_size", size),
         ("data.calibration.batch_size", recipe.data.calibration, "batch_size", size),
     ]
-    return [(field, getattr(spec, name), expected) for field, spec, name, expected in fields if name in spec.model_fields_set]
+    return [(field, getattr(spec, name), expected) for field, spec, name, expected in fields
+            if name in spec.model_fields_set]
 
 
 def _unset(spec: ModelT, **values: object) -> ModelT:

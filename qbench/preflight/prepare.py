@@ -240,9 +240,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     )
     calibration_rows = split.fitted
     judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere
+    chooses = chooses_among_candidates(recipe)
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=judged,
-                               model_inputs=model.inputs, labels=lambda t, rows: read_labels(recipe, task, t, rows, outputs),
-                               recipe_file=recipe.source, unread=unread) if chooses_among_candidates(recipe) else None  # fmt: skip
+                               model_inputs=model.inputs,
+                               labels=lambda t, rows: read_labels(recipe, task, t, rows, outputs),
+                               recipe_file=recipe.source, unread=unread) if chooses else None  # fmt: skip
     if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
@@ -251,7 +253,7 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread,
                            dtypes=fed_as)  # fmt: skip
     overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
-    selection_overlap = _selection_overlap(selection, evaluated) if chooses_among_candidates(recipe) else None
+    selection_overlap = _selection_overlap(selection, evaluated) if chooses else None
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
@@ -276,8 +278,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             overlap=data.calibration.overlap,
             held_out_rows=evaluation.held_out,
             evaluation_overlap_rows=overlap,
-            selection_rows=(selection.count if selection else 0) if chooses_among_candidates(recipe) else None,
-            selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
+            selection_rows=(selection.count if selection else 0) if chooses else None,
+            selection_from_sample=(selection.from_sample if selection else 0) if chooses else None,
             selection_overlap_rows=selection_overlap,
         ),
         calibration_overlap=overlap,
@@ -373,7 +375,8 @@ def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) 
                 continue
             reason = task.metrics_not_computed(choice.meta).get(metric.removeprefix(prefix))
             if reason is not None:
-                raise RecipeError(recipe.source, field, f"{metric!r} is not computed for output {choice.name!r}: {reason}")
+                raise RecipeError(recipe.source, field,
+                                  f"{metric!r} is not computed for output {choice.name!r}: {reason}")
 
 
 def _finite_rows(
@@ -420,7 +423,8 @@ def _training(
     NaN/inf rows, whatever data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads
     (content_table)."""
     training = {}
-    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread, dtypes=numeric_dtypes(model.inputs))
+    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread,
+                                dtypes=numeric_dtypes(model.inputs))
                   if any(v.qat for v in recipe.variants) else table)  # fmt: skip
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
@@ -429,7 +433,8 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
+        warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows),
+                    f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)

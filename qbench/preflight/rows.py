@@ -302,7 +302,8 @@ def _batch_axis_dropped(reference: np.ndarray, got: np.ndarray | None, picks: np
 def _dropped_batch_axis(path: Path, name: str) -> str:
     """Why an output loses its batch axis for one row, and the fix: a Squeeze of every axis of size 1 (no axes
     given, as PyTorch's `.squeeze()` exports) takes the batch's too when one row is fed."""
-    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze" and (len(node.input) < 2 or not node.input[1])
+    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze"
+                and (len(node.input) < 2 or not node.input[1])
                 and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
     cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes "
              f"({squeezes[0].name or squeezes[0].output[0]!r}), which drop every axis of size 1, the batch's too at one row" if squeezes else

@@ -88,7 +88,8 @@ class _StrictLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key in first_line:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {short_repr(key)} (first at line {first_line[key]})", key_node.start_mark
+                    None, None, f"duplicate key {short_repr(key)} (first at line {first_line[key]})",
+                    key_node.start_mark
                 )
             first_line[key] = line
         return super().construct_mapping(node, deep=deep)

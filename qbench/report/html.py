@@ -150,7 +150,8 @@ def _slice_section(results: SweepResults, gate: GateReport | None) -> str:
     for name in ["overall", *names]:
         scopes = [v.accuracy.overall if name == "overall" else v.accuracy.slice(name) for v in measured]
         size = next((s.size for s in scopes if s is not None), None)
-        cells = "".join(_cell(s, metric, checks.get((v.variant, v.backend, name)), v.key) for v, s in zip(measured, scopes))
+        cells = "".join(_cell(s, metric, checks.get((v.variant, v.backend, name)), v.key)
+                        for v, s in zip(measured, scopes))
         rows.append(f'<tr class="slice" data-slice="{escape(name)}"><th>{escape(name)}</th>'
                     f'<td class="num">{size if size is not None else "—"}</td>{cells}</tr>')  # fmt: skip
     legend = (f"{escape(metric)} (drop vs FP32, positive = worse). Green: within the gate's tolerance; amber: "

@@ -43,7 +43,8 @@ def _fmt(value: float | None, unit: str = "") -> str:
 def _slo_checks(gate: GateReport | None, variant: VariantResult) -> list[GateCheck]:
     if gate is None:
         return []
-    return [c for c in gate.checks if c.scope == SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
+    return [c for c in gate.checks if c.scope == SLO_SCOPE
+            and (c.variant, c.backend) == (variant.variant, variant.backend)]
 
 
 def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: VariantResult) -> str:

@@ -97,7 +97,8 @@ def _slice(raw: dict[str, Any], where: str) -> SliceMetrics:
         denominators=counts(raw.get("denominators")),
         changed_together=figures(raw.get("changed_together"), "changed_together"),
         spread=figures(raw.get("spread"), "spread"),
-        kept={output: kept_from_dict(value, f"{where}.kept.{output}") for output, value in (raw.get("kept") or {}).items()},
+        kept={output: kept_from_dict(value, f"{where}.kept.{output}")
+              for output, value in (raw.get("kept") or {}).items()},
         raised={str(name): str(why) for name, why in (raw.get("raised") or {}).items()},
     )  # fmt: skip
 

@@ -127,7 +127,8 @@ class Budget:
         if timed:
             return self.build_cost(technique) + self.cost(SCREEN)
         untimed = self.costs.get(UNTIMED_SCREEN)
-        return self.build_cost(technique) + (max(untimed) if untimed else max(self.cost(SCREEN) - self.cost(TIMED_RUN), 0.0))
+        return self.build_cost(technique) + (max(untimed) if untimed
+                                             else max(self.cost(SCREEN) - self.cost(TIMED_RUN), 0.0))
 
     def reserve(self, records: Sequence[CandidateRecord], evaluating: int | None = None) -> float:
         """What must still run after a step: the finalists' first re-timing rounds (one finalist more than pass now:

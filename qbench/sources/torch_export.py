@@ -408,7 +408,8 @@ def _python_values_read() -> Iterator[list[str]]:
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], batch_size: int) -> tuple[str, list[Any]] | None:
+def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any],
+                    batch_size: int) -> tuple[str, list[Any]] | None:
     """How the export at `path` differs from forward() on the recipe's evaluation rows (`feeds`, one array per
     input), and the inputs it differs on; None when it agrees.
 

@@ -87,7 +87,8 @@ class TorchModel:
         axes, when given), the declared dtype; `ids_as_masks`: integer inputs hold what masks hold (_example_inputs)."""
         shapes = self.input_shapes
         if length is not None:
-            shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size for axis, size in enumerate(shape))
+            shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size
+                                  for axis, size in enumerate(shape))
                       for name, shape in shapes.items()}  # fmt: skip
         return _example_inputs(shapes, self.input_dtypes, batch, ids_as_masks=ids_as_masks)
 
@@ -309,7 +310,8 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         raise RecipeError(recipe.source, "model.example_inputs", message)
     else:
         covered = set(positional[: len(names)])  # by position
-    uncovered = [p.name for p in parameters if p.name not in covered and p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    uncovered = [p.name for p in parameters if p.name not in covered and p.default is p.empty
+                 and p.kind is not p.VAR_KEYWORD]
     if uncovered:
         message = f"forward() argument {uncovered[0]!r} has no default and no example input: got {names}"
         raise RecipeError(recipe.source, "model.example_inputs", message)
@@ -456,7 +458,8 @@ def _project_sources_sha256(recipe: Recipe, source: Path) -> dict[str, str]:
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
 
 
-def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor], dynamic: Mapping[str, Mapping[int, str]]) -> None:
+def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor],
+                           dynamic: Mapping[str, Mapping[int, str]]) -> None:
     """Declare forward() arguments the exporter dropped (the model ignores them) as graph inputs nothing reads, with
     the `dynamic` axes the others have, so the exported graph takes the feeds the module takes."""
     import onnx

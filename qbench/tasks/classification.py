@@ -142,10 +142,12 @@ def _class_codes(predicted: np.ndarray, reference: np.ndarray,
 class Classification(Task):
     name = "classification"
     metric_infos = (
-        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
+        share_of_rows("accuracy", True,
+                      "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
                       decisions="agreement", row_mean=True),
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
-        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32", row_mean=True),
+        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32",
+                      row_mean=True),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
         MAX_ABS_ERROR,
     )
@@ -339,7 +341,8 @@ class Classification(Task):
             masked=masked,
         )  # fmt: skip
 
-    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
+    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None,
+                      stated: bool | None) -> ScaleReading | None:
         """Several float score columns (per row, or per scored token: padding an export zeroes says nothing of
         their scale) are read by the graph's word, else by FP32's rows (qbench.validate.scores_scale)."""
         reference = np.asarray(reference)

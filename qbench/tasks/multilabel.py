@@ -116,7 +116,8 @@ class Multilabel(Task):
         return problem
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if outputs.dtype.kind != "f" or outputs.ndim != 2:

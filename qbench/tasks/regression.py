@@ -167,7 +167,8 @@ class Regression(Task):
         return float_output_problem(self.name, output)
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         if np.asarray(outputs).dtype.kind != "f":
             raise LabelError(f"task 'regression' reads float outputs only, got {np.asarray(outputs).dtype} values")

@@ -106,7 +106,8 @@ class Structured(Task):
         return None
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         if np.asarray(outputs).dtype.kind in "iub" and np.asarray(reference).dtype.kind in "iub":
             return StructuredRows(np.asarray(outputs), np.asarray(reference), exact_rows(outputs, reference))

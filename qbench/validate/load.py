@@ -254,7 +254,8 @@ class LoadReplay:
         stats, latencies, first = self._whole(rate_rps, overhead_ms)
         return stats, tail_share_bound(latencies, first, budget_ms)
 
-    def verdict(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
+    def verdict(self, rate_rps: float, budget_ms: float, *,
+                overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
         """Whether the p99 at `rate_rps` is shown within `budget_ms` (a rate at or above capacity, or whose simulated
         p99 is over the budget, fails), with the figures (as `within`). A run stops as soon as more than TAIL_SHARE of
         its requests are over the budget (`ShareOver`): it fails whatever follows, and has no figures (None)."""

@@ -231,7 +231,8 @@ def judge_rate(
         if rare and judged is Verdict.UNDECIDED and bound.share > TAIL_SHARE:  # see `rare`: replays, not cycles, tell
             judged = Verdict.FAIL
         more = min(requests * GROWTH, max_requests)
-        if judged is previous and judged is not Verdict.UNDECIDED and (judged is Verdict.FAIL or requests >= confirmed_at):
+        settled = judged is Verdict.FAIL or requests >= confirmed_at
+        if judged is previous and judged is not Verdict.UNDECIDED and settled:
             return stats, judged
         if requests >= max_requests or replay.draws.seed is None:
             return stats, _unconfirmed(judged, previous)

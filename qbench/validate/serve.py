@@ -82,7 +82,8 @@ class Served:
 
 
 def serve(
-    runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher, late_ms: float = math.inf,
+    runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher,
+    late_ms: float = math.inf,
     fixed_batch: int | None = None, padding: Padding | None = None, first_row: int = 0,
 ) -> Served:
     """Serve one request per arrival (row (first_row + k) % len(rows)) through a real dynamic batcher; see the module
@@ -95,7 +96,8 @@ def serve(
     count = len(next(iter(rows.values())))
     row_of = (first_row + np.arange(n)) % count
     # one single-row copy per distinct row, shared by every request it serves (a run holds up to MAX_REQUESTS)
-    singles = {int(r): {name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()} for r in np.unique(row_of)}
+    singles = {int(r): {name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()}
+               for r in np.unique(row_of)}
     queue: deque[int] = deque()
     ready = threading.Condition()
     enqueued, done = np.zeros(n), np.full(n, math.inf)

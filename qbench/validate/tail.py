@@ -103,7 +103,8 @@ def tail_share_bound(
         return TailBound(share, 1.0, cycles)
     z, worst, clusters = NormalDist().inv_cdf(confidence), int(np.argmax(over)), int(np.count_nonzero(over))
     copies = max(MIN_CLUSTERS - clusters, 1)
-    upper = _ratio_bound(np.append(over, np.full(copies, over[worst])), np.append(sizes, np.full(copies, sizes[worst])), z)
+    upper = _ratio_bound(np.append(over, np.full(copies, over[worst])),
+                         np.append(sizes, np.full(copies, sizes[worst])), z)
     lower = 0.0
     if clusters > MIN_CLUSTERS:  # MIN_CLUSTERS holding some once the worst is out
         lower = max(_ratio_bound(np.delete(over, worst), np.delete(sizes, worst), -z), 0.0)

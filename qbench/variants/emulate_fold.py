@@ -45,7 +45,8 @@ def fold_conv_batch_norms(
     values = {t.name: t for t in graph.initializer}
     readers = Counter(name for node in graph.node for name in (*node.input, *outer_scope_reads(node)))
     outputs = {o.name for o in graph.output}
-    producer = {node.output[0]: node for node in graph.node if node.op_type == "Conv" and node.domain in ("", "ai.onnx")}
+    producer = {node.output[0]: node for node in graph.node if node.op_type == "Conv"
+                and node.domain in ("", "ai.onnx")}
     taken = names_in(graph)
     folded: set[int] = set()  # the positions of the BatchNormalization nodes removed
     released: set[str] = set()  # initializers the folded pairs read: dropped below when nothing else does

@@ -80,7 +80,8 @@ def _body(node: onnx.NodeProto, weights: list[str], to: int, opset: int, taken: 
     inputs = [names["x1"], *weights[:3], "", names["h"]]
     if node.op_type == "LSTM":
         inputs += [names["c"], weights[3] if len(weights) > 3 else ""]
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in ("direction", "layout")}
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                  if a.name not in ("direction", "layout")}
     step_outputs = [names["y"], names["yh"], names["yc"]][: 1 + states]
     nodes = []
     if opset >= 13:

@@ -435,7 +435,8 @@ def with_data_movement_between_kept(model: onnx.ModelProto, kept: KeptNodes, typ
             for name in {*node.input, *outer_scope_reads(node)}:
                 readers.setdefault(name, []).append(node.name)
     candidates = {node.name: node for node in graph.node
-                  if node.name not in kept.reasons and node.op_type in DATA_MOVEMENT_OPS and node.domain in DEFAULT_DOMAINS
+                  if node.name not in kept.reasons and node.op_type in DATA_MOVEMENT_OPS
+                  and node.domain in DEFAULT_DOMAINS
                   and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])}  # fmt: skip
 
     def fp32_side(name: str | None) -> bool:

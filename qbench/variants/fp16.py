@@ -337,7 +337,8 @@ def partly_lowered(
 _IDENTITY_OPERAND = {"Mul": (1.0, (0, 1)), "Div": (1.0, (1,)), "Add": (0.0, (0, 1)), "Sub": (0.0, (1,))}
 
 
-def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto], lowered: Collection[str]) -> list[onnx.NodeProto]:
+def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto],
+                   lowered: Collection[str]) -> list[onnx.NodeProto]:
     """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly
     or through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a
     constant (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
@@ -364,7 +365,8 @@ def _identity_by_constant(node: onnx.NodeProto, constants: dict[str, np.ndarray]
     """Whether `node` returns its other operand unchanged: a Mul or Div by constant ones, an Add or Sub of zeros."""
     identity, positions = _IDENTITY_OPERAND.get(node.op_type, (None, ()))
     return len(node.input) == 2 and any(
-        node.input[i] in constants and constants[node.input[i]].size > 0 and bool(np.all(constants[node.input[i]] == identity))
+        node.input[i] in constants and constants[node.input[i]].size > 0
+        and bool(np.all(constants[node.input[i]] == identity))
         for i in positions)  # fmt: skip
 
 

@@ -209,7 +209,8 @@ def e4m3_operand_matmuls(model: onnx.ModelProto) -> list[str]:
 
     return [
         node.name for node in model.graph.node
-        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and all(map(quantized_activation, node.input[:2]))
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2
+        and all(map(quantized_activation, node.input[:2]))
     ]  # fmt: skip
 
 

@@ -254,7 +254,8 @@ def _nothing_quantized(
         why = [text for names, text in ((preprocessing, "preprocessing in front of every layer with weights"),
                                         (predictor_outputs, "steps on the float output of an ONNX-ML predictor"))
                if quantizable.intersection(names)]  # fmt: skip
-        return f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: {' and '.join(why)}{nested})"
+        return (f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: "
+                f"{' and '.join(why)}{nested})")
     if not computing:
         return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
                 f"moves, selects or computes in float: no integer arithmetic{nested})")
@@ -369,7 +370,8 @@ def _reading_nonfinite(
 
 
 def _quantize_dynamic(
-    name: str, config: OrtInt8, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...], exclude: list[str]
+    name: str, config: OrtInt8, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...],
+    exclude: list[str]
 ) -> dict[str, Any]:
     """Write the dynamically quantized model; returns the params it used."""
     with build_step(name, "dynamic quantization"), quiet_stdout():

@@ -127,7 +127,8 @@ class ModeloptSettings:
             if entry["quantizer_name"] == "*weight_quantizer" and self.per_channel is not None:
                 attributes["axis"] = 0 if self.per_channel else None
         # "" is the root module (a bare nn.Linear): every quantizer is its own
-        config["quant_cfg"] += [{"quantizer_name": f"{name}.*" if name else "*", "enable": False} for name in excluded_modules]
+        config["quant_cfg"] += [{"quantizer_name": f"{name}.*" if name else "*", "enable": False}
+                                for name in excluded_modules]
         if self.histogram_method is not None:
             config["algorithm"] = None
         elif self.smoothquant_alpha is not None:
@@ -283,7 +284,8 @@ def import_modelopt() -> Any:
 
 
 def quantize_module(
-    module: Any, settings: ModeloptSettings, excluded: Sequence[str], batches: Sequence[Feeds], input_names: Sequence[str]
+    module: Any, settings: ModeloptSettings, excluded: Sequence[str], batches: Sequence[Feeds],
+    input_names: Sequence[str]
 ) -> tuple[Any, dict[str, float]]:
     """`mtq.quantize` the module in place with `settings`, calibrated on `batches`, the modules `excluded` kept float.
 
@@ -301,7 +303,8 @@ def quantize_module(
 
 
 def quantizers_reading_nonfinite(
-    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds], input_names: Sequence[str]
+    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds],
+    input_names: Sequence[str]
 ) -> dict[str, list[str]]:
     """Module name -> its enabled quantizers whose input holds NaN or ±inf on some calibration batch (FP32 values).
 

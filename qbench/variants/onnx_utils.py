@@ -305,7 +305,8 @@ def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     earliest in `nodes` goes first, so a sorted list comes back in its own order.
     """
     producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
-    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer} for node in nodes]
+    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer}
+               for node in nodes]
     readers: dict[int, list[int]] = {}
     for index, needs in enumerate(waiting):
         for need in needs:

@@ -284,7 +284,8 @@ def _per_element_batchnorms(model: onnx.ModelProto) -> onnx.ModelProto:
     def arithmetic(node: onnx.NodeProto) -> list[onnx.NodeProto]:
         x, scale, bias, mean, variance = node.input[:5]
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
-        part = [f"{node.output[0]}/qbench_bn_{name}" for name in ("eps", "shifted", "var_eps", "std", "normed", "scaled")]
+        part = [f"{node.output[0]}/qbench_bn_{name}"
+                for name in ("eps", "shifted", "var_eps", "std", "normed", "scaled")]
         return [helper.make_node("Constant", [], [part[0]], name=f"{node.name}/epsilon",
                                  value=helper.make_tensor(part[0], onnx.TensorProto.FLOAT, [], [epsilon])),
                 helper.make_node("Sub", [x, mean], [part[1]], name=f"{node.name}/centre"),

@@ -81,7 +81,8 @@ ROUTE = "torchao PT2E: prepare_qat_pt2e (X86InductorQuantizer) -> convert_pt2e -
 # which clips rare outliers as both of those do.
 _OBSERVER_CLASSES = {cls.__name__: cls for cls in (MinMaxObserver, HistogramObserver)}
 OBSERVERS: dict[str, type] = {
-    name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS if CALIBRATORS.get(name).torchao_observer
+    name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS
+    if CALIBRATORS.get(name).torchao_observer
 }
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
 _ANNOTATION = "quantization_annotation"  # torchao's node.meta key
@@ -208,7 +209,8 @@ class OnnxRuntimePlacement(X86InductorQuantizer):
         if end is node:
             node.meta[_ANNOTATION].output_qspec = self.global_config.output_activation
         else:
-            end.meta[_ANNOTATION] = QuantizationAnnotation(output_qspec=self.global_config.output_activation, _annotated=True)
+            end.meta[_ANNOTATION] = QuantizationAnnotation(output_qspec=self.global_config.output_activation,
+                                                           _annotated=True)
 
 
 @dataclass(frozen=True)
@@ -363,7 +365,8 @@ def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
     fake quantization."""
     example = torch_model.example_inputs()
     dims = {name: torch.export.Dim(name) for axes in torch_model.dynamic_axes().values() for name in axes.values()}
-    shapes = tuple({axis: dims[dim] for axis, dim in torch_model.dynamic_axes()[name].items()} for name in torch_model.input_names)
+    shapes = tuple({axis: dims[dim] for axis, dim in torch_model.dynamic_axes()[name].items()}
+                   for name in torch_model.input_names)
     graph = torch.export.export(torch_model.build(), example, dynamic_shapes=shapes).module()
     _fuse_conv_bn_(graph)
     _fuse_linear_bn_(graph)

@@ -242,7 +242,8 @@ def _channel_axis(shape: tuple[int, ...], per_group: int, groups: int, default: 
     return next((axis for axis in range(len(shape) - 1, groups - 1, -1) if shape[axis] == per_group), default)
 
 
-def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, groups: int, channel_axis: int) -> WeightFacts:
+def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, groups: int,
+           channel_axis: int) -> WeightFacts:
     """`values` (a quantized weight) described: zero points `zeros` run along `axis` (None: per tensor) below the
     `groups` leading dims; `channel_axis` is where its output channels lie."""
     zeros = np.zeros(1, values.dtype) if zeros is None else zeros
@@ -286,7 +287,8 @@ def with_quantized_facts(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
         activations[node.kind][node.activations.label()] += 1
     params = {**built.params,
               "weights_as_built": {kind: dict(sorted(counts.items())) for kind, counts in sorted(weights.items())},
-              "activations_as_built": {kind: dict(sorted(counts.items())) for kind, counts in sorted(activations.items())}}  # fmt: skip
+              "activations_as_built": {kind: dict(sorted(counts.items()))
+                                       for kind, counts in sorted(activations.items())}}  # fmt: skip
     notes = (*built.notes, *_contradictions(facts, built.params))
     return dataclasses.replace(built, params=params, notes=notes)
 

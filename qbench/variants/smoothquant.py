@@ -296,7 +296,8 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
     if node.op_type in _NORMS and node.output[0] == tensor:
         scale_at, bias_at = _NORMS[node.op_type]
         constants = [i for i in (scale_at, bias_at) if i is not None and i < len(node.input) and node.input[i]]
-        if node_attribute(node, "axis", -1) != -1 or not all(_per_channel(view, node.input[i], width) for i in constants):
+        per_channel = all(_per_channel(view, node.input[i], width) for i in constants)
+        if node_attribute(node, "axis", -1) != -1 or not per_channel:
             return None
         return [("norm", index)]
     if node.op_type in ("Mul", "Add") and len(node.input) == 2:
