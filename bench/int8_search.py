@@ -171,7 +171,8 @@ def digits(work: Path) -> Recipe:
 
 
 def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
-    table = Table(title="all-MiniLM-L6-v2, seq 128: medians of interleaved rounds (noisy shared machine: compare ratios)")
+    table = Table(title="all-MiniLM-L6-v2, seq 128: medians of interleaved "
+                        "rounds (noisy shared machine: compare ratios)")
     for column in ("contender", "tool", "speed-up b1", "speed-up b16", "mean cos", "min cos", "worst slice (mean cos)",
                    "gate", "time to produce s"):  # fmt: skip
         table.add_column(column,

@@ -161,7 +161,8 @@ def op_profile(path: Path, feeds: dict[str, np.ndarray], threads: int, runs: int
 
 
 def report(latency: dict[str, Any], cosines: dict[str, Any]) -> dict[str, Any]:
-    table = Table(title="all-MiniLM-L6-v2, seq 128: speed vs FP32 (median p50 of interleaved rounds) and cosine vs FP32")
+    table = Table(title="all-MiniLM-L6-v2, seq 128: speed vs FP32 (median "
+                        "p50 of interleaved rounds) and cosine vs FP32")
     for column in ("contender", "b1 ms", "b16 ms", "speed b1", "speed b16", "mean cos", "min cos", "worst slice"):
         table.add_column(column, justify="left" if column in ("contender", "worst slice") else "right")
     summary = {}

@@ -299,7 +299,8 @@ def recorded_recipe(record: Mapping[str, Any], results_file: Path) -> Recipe:
     if not isinstance(resolved, dict):
         raise QbenchError(f"{results_file}: recipe.resolved: missing: the results do not say what the recipe asked for")
     if record.get("resolved_sha256") != canonical_sha256(resolved):
-        raise QbenchError(f"{results_file}: recipe.resolved: does not match recipe.resolved_sha256 (edited after the sweep)")
+        raise QbenchError(f"{results_file}: recipe.resolved: does not match "
+                          "recipe.resolved_sha256 (edited after the sweep)")
     try:
         recipe = Recipe.model_validate(resolved)
     except ValidationError as exc:

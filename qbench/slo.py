@@ -90,7 +90,8 @@ def _judge_one(
         judged = p99_under_load(serving, budget.rate_rps, budget.p99_ms)
         if judged is None:
             return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps"
-                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): re-run `qbench sweep` with this slo section")  # fmt: skip
+                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): "
+                          "re-run `qbench sweep` with this slo section")  # fmt: skip
         recorded = {k: getattr(serving, k)
                     for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
@@ -151,7 +152,8 @@ def _remedy(result: VariantResult) -> str:
     if latency is None or not oversubscribed(latency):
         return "on a machine nothing else runs on"
     fit = threads_that_fit(latency.machine)
-    return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
+    return f"with latency.threads at most {fit}, or " * (fit >= 1) + (f"where {cpus_allowed(latency.threads)} "
+                                                                      "and nothing else runs")
 
 
 def p99_under_load(serving: ServingResult, rate_rps: float, budget_ms: float | None = None) -> tuple[float, str] | None:

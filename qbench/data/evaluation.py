@@ -155,7 +155,8 @@ def evaluation_rows(
             raise RecipeError(
                 recipe_file, "data.calibration", f"every one of the {len(rows)} evaluation rows of {table_name(table)} "
                 f"is a calibration row ({len(calibration)} drawn); expected rows left to evaluate: lower samples, "
-                "separate the rows (calibration.filter / evaluation.filter, or calibration.path), or set overlap: allow",
+                "separate the rows (calibration.filter / evaluation.filter, "
+                "or calibration.path), or set overlap: allow",
             )  # fmt: skip
         rows = kept
     beyond_limit = rows[data.evaluation.limit :] if data.evaluation.limit is not None else rows[:0]

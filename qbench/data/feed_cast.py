@@ -105,7 +105,8 @@ def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
     if finite.size == 0 or finite.max() <= np.finfo(target).max:
         return None
     count = int((finite > np.finfo(target).max).sum())
-    return f"{count} value{'s' if count != 1 else ''} beyond {target}'s range (e.g. {finite.max():.3g}), which would become inf"
+    return (f"{count} value{'s' if count != 1 else ''} beyond {target}'s "
+            f"range (e.g. {finite.max():.3g}), which would become inf")
 
 
 def _inexact_integers(values: np.ndarray, target: np.dtype) -> str | None:

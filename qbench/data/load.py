@@ -252,7 +252,8 @@ def _read_npy(path: Path) -> pd.DataFrame:
     array = np.load(path, allow_pickle=False)
     if array.dtype.names is None:
         raise ValueError(f"it holds one {array.dtype} array of shape {list(array.shape)} that names no column; "
-                         "expected a structured array with named fields, or an .npz of named arrays: np.savez(path, x=..., y=...)")  # fmt: skip
+                         "expected a structured array with named fields, or "
+                         "an .npz of named arrays: np.savez(path, x=..., y=...)")  # fmt: skip
     return _array_columns({name: array[name] for name in array.dtype.names})
 
 

@@ -252,7 +252,8 @@ def _with_decimal_points(column: pd.Series, decimal: str, thousands: str | None)
     points = _matches(text, _POINT_NUMBER.pattern) & ~grouped if decimal == "," else none
     if commas.any() and points.any():
         raise ValueError(f"column {column.name!r} holds both {text[commas].iloc[0]!r} and {text[points].iloc[0]!r}; "
-                         "expected numbers written with one decimal mark, the comma the file declares (data.csv.decimal)")
+                         "expected numbers written with one decimal mark, "
+                         "the comma the file declares (data.csv.decimal)")
     numbers = text.where(~grouped, text.str.replace(thousands or "", "", regex=False))
     return column.where(~(grouped | commas), numbers.str.replace(decimal, ".", regex=False))
 
@@ -280,7 +281,8 @@ def printed_array_hint(values: pd.Series) -> str:
     text = _text_cells(values).str.strip()
     return _such_cells(text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)],
                        "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON "
-                       "list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) or a Parquet list column")
+                       "list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) "
+                       "writes it) or a Parquet list column")
 
 
 def array_file_hint(values: pd.Series) -> str:

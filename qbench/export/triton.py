@@ -307,7 +307,8 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         "| batch | warm-up / timed runs | p50 ms | p99 ms | items/s |",
         "|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
+    lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | "
+              f"{p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
               for p in (latency.points if latency else ())]  # fmt: skip
     where = "perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package"
     lines += ["", f"With the server running ({where}), from this folder:", "", "```"]
@@ -344,7 +345,8 @@ def _model_name(given: str | None, default: str) -> str:
     if not _MODEL_NAME.fullmatch(name) or len(name) > _MAX_NAME_CHARS:
         where = "--name" if given is not None else "the default name <recipe>-<variant> (pass --name)"
         raise QbenchError(f"Triton model name, {where}: got {name!r}, expected a letter or digit, then letters, "
-                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} characters at most")
+                          "digits and _ . + - (no spaces, slashes or "
+                          f"leading dot), {_MAX_NAME_CHARS} characters at most")
     return name
 
 
@@ -353,7 +355,8 @@ def _find(results: SweepResults, variant: str, backend: str) -> VariantResult:
     if measured is None:
         raise QbenchError(f"variant {expected_one_of(f'{variant}@{backend}', [v.key for v in results.variants])}")
     if measured.status != "ok":
-        raise QbenchError(f"{measured.key}: {measured.status} in the sweep ({measured.error}); there is nothing to export")
+        raise QbenchError(f"{measured.key}: {measured.status} in the sweep "
+                          f"({measured.error}); there is nothing to export")
     return measured
 
 

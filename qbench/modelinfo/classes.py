@@ -276,7 +276,8 @@ def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto],
     if _labelled_by_argmin(chain, consumers):
         return "the graph's label is the ArgMin of these scores (lower is better, e.g. distances to cluster centres)"
     if any(node.op_type == "SVMClassifier" and node.domain == "ai.onnx.ml" for node in _ancestors(chain[0], producers)):
-        return "they come from an SVMClassifier, whose label is a one-vs-one vote the highest score does not always match"
+        return ("they come from an SVMClassifier, whose label is a "
+                "one-vs-one vote the highest score does not always match")
     return None
 
 

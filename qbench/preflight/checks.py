@@ -63,7 +63,8 @@ def check_plan(recipe: Recipe) -> None:
         _check_globs(recipe, "slo.applies_to", recipe.slo.applies_to, reference, candidates)
     if recipe.search is not None and not recipe.gate.applies(recipe.search.name):
         logger.warning(f"gate.applies_to: {short_repr(recipe.gate.applies_to)} does not match the search's variant "
-                       f"{recipe.search.name!r}: the search meets the gate's tolerances but `qbench gate` will not judge its pick")  # fmt: skip
+                       f"{recipe.search.name!r}: the search meets the gate's "
+                       "tolerances but `qbench gate` will not judge its pick")  # fmt: skip
 
 
 def _check_globs(recipe: Recipe, field: str, patterns: list[str], reference: str, candidates: list[str]) -> None:
@@ -174,7 +175,8 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
     _check_writable_folder(recipe, "output_dir", recipe.output_path / recipe.name)  # where run folders are made
     store = build_store(recipe).local
     if store is not None:
-        default = "" if recipe.executor.store else " (the default, in qbench's cache: set executor.store or $QBENCH_CACHE_DIR)"
+        default = "" if recipe.executor.store else (" (the default, in qbench's cache: set "
+                                                    "executor.store or $QBENCH_CACHE_DIR)")
         _check_writable_folder(recipe, "executor.store", store,
                                expected=f"a writable folder for built variants{default}")  # fmt: skip
     if not track:

@@ -49,7 +49,8 @@ class LoadSpec(_Strict):
     """The simulated server scenario: Poisson arrivals, a dynamic batcher, one model instance."""
 
     max_batch_size: int | None = Field(None, gt=0,
-                                       description="largest batch the batcher forms; default: the largest latency batch size")
+                                       description="largest batch the batcher forms; "
+                                                   "default: the largest latency batch size")
     max_queue_delay_ms: float | None = Field(
         None, ge=0, allow_inf_nan=False,
         description="longest a request waits for a batch to fill; default: a tenth of the budget"

@@ -116,7 +116,8 @@ def _check_bounds(path: Path, root: Node) -> None:
             if len(node.value) > MAX_SCALAR_CHARS:
                 shown = short_repr(node.value)
                 raise RecipeError(
-                    path, f"line {line}", f"a value of {len(node.value)} characters ({shown}); at most {MAX_SCALAR_CHARS}"
+                    path, f"line {line}", f"a value of {len(node.value)} characters "
+                                          f"({shown}); at most {MAX_SCALAR_CHARS}"
                 )
             expanded[key] = 1
             return 1

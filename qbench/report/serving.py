@@ -267,11 +267,13 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     headers += [f"$/M b{bs}" for bs in sizes] + ["$/M at max req/s", "bound (estimate)", "accuracy", "SLO"]
     rows = [_row(results, gate, v, sizes) for v in measured]
     footer = [
-        "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
+        "pre-proc: qbench's feed building (tokenisation included) "
+        "per row; copies: host minus device time (GPU backends)",
         "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
         "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
         f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}, "
-        f"within {MAX_BATCHES:,} simulated batches); not settled: that many did not place it, so the rate is claimed low",
+        f"within {MAX_BATCHES:,} simulated batches); not settled: "
+        "that many did not place it, so the rate is claimed low",
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]

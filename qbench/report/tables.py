@@ -375,7 +375,8 @@ def _header(results: SweepResults) -> str:
     ]
     for what, counts in results.dropped_nonfinite.items():
         shown = ", ".join(f"{column} {rows}" for column, rows in counts.items())
-        lines.append(f"- **{what.capitalize()} rows dropped for NaN/inf inputs:** {shown} (data.nonfinite_inputs: drop)")
+        lines.append(f"- **{what.capitalize()} rows dropped for NaN/inf "
+                     f"inputs:** {shown} (data.nonfinite_inputs: drop)")
     for what, counts in results.kept_nonfinite.items():
         shown = ", ".join(f"{column} {rows}" for column, rows in counts.items())
         where = f"slice {what.removeprefix('slice:')}" if what.startswith("slice:") else what

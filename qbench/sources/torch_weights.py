@@ -96,8 +96,10 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
 
 
 _EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
-                 "torch.compile's '_orig_mod.'); save the wrapped module's own state_dict, or strip {0!r} from the keys")
-_MISSING_PREFIX = "the file's keys lack the module's prefix {0!r}: it holds that submodule's state_dict; save the whole module's"
+                 "torch.compile's '_orig_mod.'); save the wrapped "
+                 "module's own state_dict, or strip {0!r} from the keys")
+_MISSING_PREFIX = ("the file's keys lack the module's prefix {0!r}: it holds "
+                   "that submodule's state_dict; save the whole module's")
 
 
 def _prefix_hint(expected: set[str], given: set[str]) -> str:

@@ -206,7 +206,8 @@ class Classification(Task):
             if not any(named_labels(o) for o, _ in stated):
                 return values  # score outputs that disagree on their classes: the values are judged as ids
             raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes "
-                             f"({listed_classes(classes)}; {listed_classes(other[1])}): expected one of them in model.outputs")  # fmt: skip
+                             f"({listed_classes(classes)}; {listed_classes(other[1])}): "
+                             "expected one of them in model.outputs")  # fmt: skip
         names = {k for k in classes if isinstance(k, str)}
         if len(names) == len(classes) and not any(
             isinstance(as_number(v), str) or class_key(v) in names for v in values
@@ -289,7 +290,8 @@ class Classification(Task):
         if output.passthrough_of is not None:
             return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
         if output.kind == "map":
-            return None if output.dtype.kind == "f" else f"output {output.name!r} ({output.type_name}) has no float scores"
+            return None if output.dtype.kind == "f" else (f"output {output.name!r} "
+                                                          f"({output.type_name}) has no float scores")
         if output.kind != "tensor":
             return container_problem(self.name, output)
         if is_integer(output) or named_labels(output):

@@ -186,7 +186,8 @@ def register_best(
             for backend, variant in winners.items():  # every winner's model found before anything is registered
                 run = children.get(variant.key)
                 if run is None:
-                    raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
+                    raise QbenchError(f"no MLflow run of {variant.key} under the "
+                                      f"sweep run of {run_dir}; nothing registered")
                 sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
             created = _ensure_registered_model(client, name)
             aliases = _aliases(alias, [b for b in results.backends() if b in winners])

@@ -173,5 +173,6 @@ def contention_notes(results: SweepResults) -> list[str]:
         quiet = min(points, key=lambda point: point[0])
         notes.append(f"{backend}: other processes kept {busy[0]:.2f} CPUs busy while {busy[1]} was timed at batch "
                      f"{busy[2]} ({quiet[0]:.2f} while {quiet[1]} was, at batch {quiet[2]}): speed-ups on it may be "
-                     "off by far more than the timing windows' spread; time the sweep on a machine nothing else runs on")  # fmt: skip
+                     "off by far more than the timing windows' spread; "
+                     "time the sweep on a machine nothing else runs on")  # fmt: skip
     return notes

@@ -105,5 +105,6 @@ def largest_batch(prepared: Prepared) -> tuple[int, str]:
     recipe = prepared.recipe
     sizes = [(max(recipe.latency.batch_sizes), f"latency.batch_sizes {list(recipe.latency.batch_sizes)}"),
              (min(recipe.data.evaluation.batch_size, len(prepared.evaluation_rows)),
-              f"data.evaluation.batch_size {recipe.data.evaluation.batch_size} over {len(prepared.evaluation_rows)} rows")]
+              f"data.evaluation.batch_size {recipe.data.evaluation.batch_size} "
+              f"over {len(prepared.evaluation_rows)} rows")]
     return max(sizes, key=lambda pair: pair[0])

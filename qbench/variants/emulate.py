@@ -170,7 +170,8 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
     """Rewrite the FP16 graph `model` into its emulation (see `emulate_float16`); returns the rounded tensors."""
     graph = model.graph
     if any(_holds_float16(body) for body in all_graphs(graph) if body is not graph):
-        raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
+        raise QbenchError("FP16 emulation does not handle float16 tensors "
+                          "inside control-flow subgraphs (If, Loop, Scan)")
     types = tensor_types(model)
     half = {name for name, kind in types.items() if kind == TensorProto.FLOAT16}
     for index, tensor in enumerate(graph.initializer):

@@ -161,7 +161,8 @@ def step_recurrent(model: onnx.ModelProto, to: int, keep: Collection[str] = ()) 
             nodes.append(node)
             continue
         if (len(node.input) > 4 and node.input[4]) or opset < SCAN_OPSET:
-            why = "has sequence_lens" if opset >= SCAN_OPSET else f"is in opset {opset} (Scan as used here: {SCAN_OPSET})"
+            why = "has sequence_lens" if opset >= SCAN_OPSET else (f"is in opset {opset} (Scan "
+                                                                   f"as used here: {SCAN_OPSET})")
             log.warning("%s %r %s: left whole, its state stays float32 between steps", node.op_type, node.name, why)
             nodes.append(node)
             continue

@@ -145,7 +145,8 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
                      "clamped to it")
     if too_small:
         notes.append(f"{too_small} nonzero weight value(s) nearer 0 than FP16's smallest positive value "
-                     f"({FP16_MIN_POSITIVE:g}) were raised to it, sign kept (a change of under {FP16_MIN_POSITIVE:g} each)")
+                     f"({FP16_MIN_POSITIVE:g}) were raised to it, sign "
+                     f"kept (a change of under {FP16_MIN_POSITIVE:g} each)")
     if kept.reasons:
         notes.append(f"kept in FP32: {kept_text}")
     notes += lowered_note + fused_note + range_note

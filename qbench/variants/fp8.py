@@ -83,7 +83,8 @@ FP8_OPSET = 21  # QuantizeLinear's output_dtype (19 took float8, but only throug
 _QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
 NOTE = (
     "FP8 E4M3 emulated with Q/DQ: the quantized layers read E4M3 inputs and weights (round to nearest even, saturating "
-    "at 448 x scale) and multiply them in float32; all else stays float32. Accuracy is the graph's, CPU latency is not FP8's"
+    "at 448 x scale) and multiply them in float32; all else stays "
+    "float32. Accuracy is the graph's, CPU latency is not FP8's"
 )
 
 

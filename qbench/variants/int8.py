@@ -404,5 +404,6 @@ def _notes(config: OrtInt8, reduce_range: bool, quantized: onnx.ModelProto) -> l
     if isinstance(config, OrtDynamic) and any(node.op_type == "ConvInteger" for node in quantized.graph.node):
         notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")
     if needs_reduce_range() and not reduce_range and config.weight_type == "int8":
-        notes.append("reduce_range is off on an x86 CPU without VNNI: int8-weight kernels may saturate and lose accuracy")
+        notes.append("reduce_range is off on an x86 CPU without VNNI: "
+                     "int8-weight kernels may saturate and lose accuracy")
     return notes

@@ -447,5 +447,6 @@ def _notes(scheme: QatScheme, qat: QatSpec) -> list[str]:
     )
     notes = [trained, TORCH_FORM_NOTE]
     if scheme.calibrator == "percentile":
-        notes.append("percentile maps to torchao's HistogramObserver (there is no percentile observer): the percentile value is not used")
+        notes.append("percentile maps to torchao's HistogramObserver (there is "
+                     "no percentile observer): the percentile value is not used")
     return notes

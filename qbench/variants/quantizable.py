@@ -95,7 +95,8 @@ def nested_nodes_note(model: onnx.ModelProto, op_types: Collection[str]) -> list
     if not found:
         return []
     listed = ", ".join(f"{count} {op}" for op, count in sorted(found.items()))
-    return [f"{listed} inside control-flow subgraphs (If/Loop/Scan) stay float: quantization rewrites the main graph only"]
+    return [f"{listed} inside control-flow subgraphs (If/Loop/Scan) "
+            "stay float: quantization rewrites the main graph only"]
 
 
 def float64_nodes(model: onnx.ModelProto) -> list[str]:

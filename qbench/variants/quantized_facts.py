@@ -304,7 +304,8 @@ def _contradictions(facts: list[NodeFacts], asked: dict[str, Any]) -> list[str]:
             count = sum(1 for node in nodes if node in held)
             if count:
                 notes.append(f"{kind}: {count} of {len(nodes)} node(s) hold {held[next(iter(held))]}, though the "
-                             f"variant's options say {option}: {_yaml(asked[option])} (the quantizer's own rule for {kind} decided)")  # fmt: skip
+                             f"variant's options say {option}: {_yaml(asked[option])} "
+                             f"(the quantizer's own rule for {kind} decided)")  # fmt: skip
     return notes
 
 

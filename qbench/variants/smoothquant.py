@@ -405,5 +405,6 @@ def smooth_model(
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
     if report.judged_on_fit:
         logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged "
-                       "on the row its range was fitted on (clipping beyond that range goes unseen); calibrate on more rows")
+                       "on the row its range was fitted on (clipping beyond "
+                       "that range goes unseen); calibrate on more rows")
     return SmoothedModel(view.commit(), input_ranges, report)
