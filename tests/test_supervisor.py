@@ -213,7 +213,8 @@ os.kill(os.getpid(), {signum})
 """
 
 
-def _sweep_dying(tmp_path: Path, jobs: list[str | None], signum: int = signal.SIGSEGV, args: tuple[str, ...] = ("sweep",)
+def _sweep_dying(tmp_path: Path, jobs: list[str | None], signum: int = signal.SIGSEGV,
+                 args: tuple[str, ...] = ("sweep",)
                  ) -> tuple[int, list[str], list[str]]:  # fmt: skip
     """A supervised sweep whose attempt N dies of `signum` in the job jobs[N] (None: outside every job), or finishes
     (exit 0) where jobs[N] is 'finish': its exit code, stderr lines, and each attempt's arguments."""
@@ -228,7 +229,8 @@ def test_a_sweep_dying_in_a_job_goes_on_as_a_resume_once_per_job_until_it_finish
     code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "measure:c", "finish"],
                                           args=("sweep", "r.yaml", "--gate"))  # fmt: skip
     # each resume takes up the run folder of the process that died, not the newest of its plan (qbench.supervisor)
-    assert attempts == ["sweep r.yaml --gate"] + [f"sweep r.yaml --gate --resume --resume-run {tmp_path / 'runs' / str(n)}"
+    assert attempts == ["sweep r.yaml --gate"] + ["sweep r.yaml --gate --resume --resume-run "
+                                                  f"{tmp_path / 'runs' / str(n)}"
                                                   for n in range(3)]  # fmt: skip
     going_on = [line for line in stderr if "going on with the other jobs" in line]
     assert [line.split(" died running ")[1].split(": segmentation fault")[0] for line in going_on] == [
@@ -266,15 +268,17 @@ def test_the_sweep_goes_on_after_a_native_fault_or_the_out_of_memory_killer_only
 
 
 def test_stop_on_crash_ends_the_command_at_the_first_crash(tmp_path):
-    code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "finish"], args=("sweep", "r.yaml", "--stop-on-crash"))
+    code, stderr, attempts = _sweep_dying(tmp_path, ["measure:a", "finish"],
+                                          args=("sweep", "r.yaml", "--stop-on-crash"))
     assert code == 2 and attempts == ["sweep r.yaml --stop-on-crash"]
     assert "`qbench sweep --resume` goes on" in stderr[-1]
 
 
 def test_a_resume_of_failed_jobs_after_a_crash_is_told_which_jobs_died_in_this_command(tmp_path):
-    _, _, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "finish"], args=("sweep", "--resume", "--rerun-failed"))
+    _, _, attempts = _sweep_dying(tmp_path, ["measure:a", "build:b", "finish"],
+                                  args=("sweep", "--resume", "--rerun-failed"))
     runs = tmp_path / "runs"
     assert attempts == ["sweep --resume --rerun-failed",
                         f"sweep --resume --rerun-failed --resume-run {runs / '0'} --keep-failed measure:a",
-                        f"sweep --resume --rerun-failed --resume-run {runs / '1'} --keep-failed measure:a --keep-failed "
-                        "build:b"]  # fmt: skip
+                        "sweep --resume --rerun-failed --resume-run "
+                        f"{runs / '1'} --keep-failed measure:a --keep-failed build:b"]  # fmt: skip

@@ -73,7 +73,8 @@ def variant(raw: dict[str, Any], name: str) -> dict[str, Any]:
 
 def scope(raw: dict[str, Any], name: str, slice_name: str) -> dict[str, Any]:
     accuracy = variant(raw, name)["accuracy"]
-    return accuracy["overall"] if slice_name == "overall" else next(s for s in accuracy["slices"] if s["name"] == slice_name)
+    return accuracy["overall"] if slice_name == "overall" else next(s for s in accuracy["slices"]
+                                                                    if s["name"] == slice_name)
 
 
 Edit = Callable[[dict[str, Any]], Any]
@@ -110,7 +111,8 @@ def written(text: str | bytes | Callable[[str], str]) -> Case:
     return case
 
 
-def input_changed(relative: str, change: Callable[[Path], None], *, with_recipe: bool, flags: tuple[str, ...] = ()) -> Case:
+def input_changed(relative: str, change: Callable[[Path], None], *, with_recipe: bool,
+                  flags: tuple[str, ...] = ()) -> Case:
     """A case that changes one input of the sweep (then restores it) and gates by --results or by the recipe."""
 
     @contextlib.contextmanager
@@ -332,41 +334,53 @@ CASES = [
         0, "gate: PASS", id="control-nonfinite-same-as-fp32",
     ),  # fmt: skip
     # the file itself: digest, shape, completeness
-    pytest.param(edited(on_variant(INT8, status="skipped"), signed=False), 2, "digest: does not match", id="flip-status-unsigned"),
-    pytest.param(edited(metric(INT8, "overall", 0.5), signed=False), 2, "digest: does not match", id="edit-metric-keep-digest"),
-    pytest.param(edited(remove_variant(INT8), signed=False), 2, "digest: does not match", id="delete-variant-keep-digest"),
+    pytest.param(edited(on_variant(INT8, status="skipped"), signed=False), 2, "digest: does not match",
+                 id="flip-status-unsigned"),
+    pytest.param(edited(metric(INT8, "overall", 0.5), signed=False), 2, "digest: does not match",
+                 id="edit-metric-keep-digest"),
+    pytest.param(edited(remove_variant(INT8), signed=False), 2, "digest: does not match",
+                 id="delete-variant-keep-digest"),
     pytest.param(edited(lambda raw: None, signed=False), 0, "gate: PASS", id="control-untouched-unsigned"),
     pytest.param(edited(both(resign, drop_key("digest")), signed=False), 2, "digest: missing", id="no-digest"),
-    pytest.param(edited(both(resign, set_in(("digest",), "0" * 64)), signed=False), 2, "digest: does not match", id="wrong-digest"),
+    pytest.param(edited(both(resign, set_in(("digest",), "0" * 64)), signed=False), 2, "digest: does not match",
+                 id="wrong-digest"),
     pytest.param(written(lambda text: text[: len(text) // 2]), 2, "not a valid qbench results file", id="truncated"),
     pytest.param(written(""), 2, "not a valid qbench results file", id="empty-file"),
     pytest.param(written(b"\xff\xfe\x00garbage"), 2, "not a valid qbench results file", id="not-utf8"),
     pytest.param(written("[]"), 2, "expected a JSON object of results, got a list", id="a-list"),
     pytest.param(written("42"), 2, "expected a JSON object of results, got a int", id="a-number"),
-    pytest.param(written(lambda text: text.replace('"agreement": 1.0', '"agreement": NaN', 1)), 2, "holds NaN", id="bare-nan-token"),
+    pytest.param(written(lambda text: text.replace('"agreement": 1.0', '"agreement": NaN', 1)), 2, "holds NaN",
+                 id="bare-nan-token"),
     pytest.param(edited(set_in(("complete",), False)), 2, "complete: got False", id="incomplete-run"),
     pytest.param(edited(drop_key("complete")), 2, "complete: got None", id="no-completion-marker"),
     pytest.param(edited(set_in(("schema_version",), 2)), 2, "schema_version 2 is not supported", id="future-schema"),
-    pytest.param(edited(drop_key("variants")), 2, "not a valid qbench results file (KeyError: 'variants')", id="no-variants-key"),
-    pytest.param(edited(on_scope(INT8, "overall", size="many")), 2, "accuracy.overall.size: got 'many', expected a whole number >= 0", id="size-not-a-number"),
+    pytest.param(edited(drop_key("variants")), 2, "not a valid qbench results file (KeyError: 'variants')",
+                 id="no-variants-key"),
+    pytest.param(edited(on_scope(INT8, "overall", size="many")), 2,
+                 "accuracy.overall.size: got 'many', expected a whole number >= 0", id="size-not-a-number"),
     # statuses qbench's own rules would not have produced
     pytest.param(edited(on_variant(INT8, status="skipped", error="cannot run", accuracy=None)), 2,
                  f"{INT8}@{BACKEND}: status 'skipped', but {BACKEND} runs every int8", id="skipped-on-ort"),  # fmt: skip
     pytest.param(edited(on_variant("fp32", status="skipped", error="cannot run", accuracy=None)), 2,
                  f"fp32@{BACKEND}: status 'skipped'", id="reference-skipped"),  # fmt: skip
-    pytest.param(edited(on_variant(INT8, status="passed")), 2, "status got 'passed', expected one of", id="unknown-status"),
-    pytest.param(edited(on_variant(INT8, status="failed")), 2, "status 'failed' without the reason", id="failed-no-error"),
-    pytest.param(edited(on_variant(INT8, accuracy=None)), 2, f"{INT8}@{BACKEND}: status 'ok' without accuracy", id="ok-no-accuracy"),
+    pytest.param(edited(on_variant(INT8, status="passed")), 2, "status got 'passed', expected one of",
+                 id="unknown-status"),
+    pytest.param(edited(on_variant(INT8, status="failed")), 2, "status 'failed' without the reason",
+                 id="failed-no-error"),
+    pytest.param(edited(on_variant(INT8, accuracy=None)), 2, f"{INT8}@{BACKEND}: status 'ok' without accuracy",
+                 id="ok-no-accuracy"),
     pytest.param(edited(on_variant(INT8, latency=None)), 2, "status 'ok' without latency", id="ok-no-latency"),
     pytest.param(edited(on_variant(INT8, error="boom")), 2, "status 'ok' with an error recorded", id="ok-with-error"),
     pytest.param(edited(on_variant(INT8, model_bytes=-5)), 2, "model_bytes: got -5", id="negative-model-size"),
-    pytest.param(edited(on_variant(INT8, precision="fp16")), 2, "precision: got 'fp16', the recipe builds 'int8'", id="wrong-precision"),
+    pytest.param(edited(on_variant(INT8, precision="fp16")), 2, "precision: got 'fp16', the recipe builds 'int8'",
+                 id="wrong-precision"),
     # latency: one point per batch size the recipe times, none twice, none it does not time
     pytest.param(edited(drop_point(4, INT8)), 2, f"{INT8}@{BACKEND}: latency: no point at batch size 4; the sweep "
                  "times batch sizes 1, 4", id="latency-point-missing"),  # fmt: skip
     pytest.param(edited(drop_point(4, *EVERY_VARIANT)), 2, f"fp32@{BACKEND}: latency: no point at batch size 4",
                  id="latency-point-missing-everywhere"),  # fmt: skip
-    pytest.param(edited(drop_point(4, INT8), flags=UNCHECKED), 2, f"{INT8}@{BACKEND}: latency: no point at batch size 4",
+    pytest.param(edited(drop_point(4, INT8), flags=UNCHECKED), 2,
+                 f"{INT8}@{BACKEND}: latency: no point at batch size 4",
                  id="latency-point-missing-inputs-unchecked"),  # fmt: skip
     pytest.param(edited(both(drop_point(4, *EVERY_VARIANT), set_in(("recipe", "latency", "batch_sizes"), [1]))), 2,
                  "recipe.latency.batch_sizes: the results record [1], but a sweep of the recipe times batch sizes 1, 4",
@@ -382,34 +396,51 @@ CASES = [
                  "batch size", id="latency-point-twice"),  # fmt: skip
     pytest.param(edited(add_point(16)), 2, f"{INT8}@{BACKEND}: latency: a point at batch size 16, which the sweep "
                  "does not time (it times batch sizes 1, 4)", id="latency-point-not-asked-for"),  # fmt: skip
-    pytest.param(edited(both(drop_point(4, INT8), add_point("4"))), 2, "latency.points[1].batch_size: got '4', expected "
+    pytest.param(edited(both(drop_point(4, INT8), add_point("4"))), 2,
+                 "latency.points[1].batch_size: got '4', expected "
                  "a whole number >= 0", id="latency-batch-size-as-text"),  # fmt: skip
     # variants and backends: what the recipe asked for
-    pytest.param(edited(remove_variant(INT8)), 2, f"{INT8}@{BACKEND}: no results for this variant", id="delete-variant"),
+    pytest.param(edited(remove_variant(INT8)), 2, f"{INT8}@{BACKEND}: no results for this variant",
+                 id="delete-variant"),
     pytest.param(edited(remove_variant("fp32")), 2, f"no usable FP32 reference on {BACKEND}", id="delete-reference"),
-    pytest.param(edited(add_variant("int8-extra")), 2, f"int8-extra@{BACKEND}: in the results but not asked for", id="extra-variant"),
+    pytest.param(edited(add_variant("int8-extra")), 2, f"int8-extra@{BACKEND}: in the results but not asked for",
+                 id="extra-variant"),
     pytest.param(edited(add_variant(INT8)), 2, f"{INT8}@{BACKEND}: recorded more than once", id="duplicate-variant"),
-    pytest.param(edited(move_to_backend), 2, f"{INT8}@onnxruntime-cuda: in the results but not asked for", id="other-backend"),
-    pytest.param(edited(set_in(("reference",), "fp16")), 2, "reference: got 'fp16', the recipe's FP32 reference is 'fp32'", id="wrong-reference"),
+    pytest.param(edited(move_to_backend), 2, f"{INT8}@onnxruntime-cuda: in the results but not asked for",
+                 id="other-backend"),
+    pytest.param(edited(set_in(("reference",), "fp16")), 2,
+                 "reference: got 'fp16', the recipe's FP32 reference is 'fp32'", id="wrong-reference"),
     # slices: the recipe and its data say which, and how many rows
-    pytest.param(edited(drop_slice(INT8)), 2, f"{INT8}@{BACKEND}: slice 'band=small' missing", id="delete-slice-one-variant"),
-    pytest.param(edited(drop_slice("fp32", "fp16", INT8)), 2, "slice 'band=small' missing (the recipe defines it)", id="delete-slice-everywhere"),
-    pytest.param(edited(drop_named_slice), 2, "slice 'large-radius' missing (the recipe defines it)", id="delete-named-slice-everywhere"),
+    pytest.param(edited(drop_slice(INT8)), 2, f"{INT8}@{BACKEND}: slice 'band=small' missing",
+                 id="delete-slice-one-variant"),
+    pytest.param(edited(drop_slice("fp32", "fp16", INT8)), 2, "slice 'band=small' missing (the recipe defines it)",
+                 id="delete-slice-everywhere"),
+    pytest.param(edited(drop_named_slice), 2, "slice 'large-radius' missing (the recipe defines it)",
+                 id="delete-named-slice-everywhere"),
     pytest.param(edited(add_slice), 2, "slice 'band=huge' is not one the recipe defines", id="extra-slice"),
     pytest.param(edited(duplicate_slice), 2, "a slice is recorded more than once", id="duplicate-slice"),
-    pytest.param(edited(on_scope(INT8, "band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it", id="slice-size-one-variant"),
-    pytest.param(edited(on_all_scopes("band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it 75 rows", id="slice-size-everywhere"),
-    pytest.param(edited(on_scope(INT8, "band=small", size=-5)), 2, "size: got -5, expected a whole number >= 0", id="negative-slice-size"),
-    pytest.param(edited(on_scope(INT8, "band=small", size=500)), 2, "slice 'band=small': size 500, expected 1..229", id="slice-larger-than-rows"),
-    pytest.param(edited(on_scope(INT8, "overall", size=230)), 2, "accuracy.rows 229 / overall size 230", id="overall-size"),
+    pytest.param(edited(on_scope(INT8, "band=small", size=40)), 2, "slice 'band=small': size 40, the data gives it",
+                 id="slice-size-one-variant"),
+    pytest.param(edited(on_all_scopes("band=small", size=40)), 2,
+                 "slice 'band=small': size 40, the data gives it 75 rows", id="slice-size-everywhere"),
+    pytest.param(edited(on_scope(INT8, "band=small", size=-5)), 2, "size: got -5, expected a whole number >= 0",
+                 id="negative-slice-size"),
+    pytest.param(edited(on_scope(INT8, "band=small", size=500)), 2, "slice 'band=small': size 500, expected 1..229",
+                 id="slice-larger-than-rows"),
+    pytest.param(edited(on_scope(INT8, "overall", size=230)), 2, "accuracy.rows 229 / overall size 230",
+                 id="overall-size"),
     pytest.param(edited(set_in(("evaluation_rows",), 200)), 2, "differ from evaluation_rows 200", id="evaluation-rows"),
     # metrics and counts
-    pytest.param(edited(metric(INT8, "overall", None)), 2, "overall: metric 'agreement' is NaN/inf with no non-finite outputs", id="nan-metric"),
-    pytest.param(edited(metric(INT8, "band=large", None)), 2, "slice 'band=large': metric 'agreement' is NaN/inf", id="nan-slice-metric"),
-    pytest.param(edited(metric("fp32", "overall", None)), 2, f"fp32@{BACKEND}: overall: metric 'agreement' is NaN/inf", id="nan-reference-metric"),
+    pytest.param(edited(metric(INT8, "overall", None)), 2,
+                 "overall: metric 'agreement' is NaN/inf with no non-finite outputs", id="nan-metric"),
+    pytest.param(edited(metric(INT8, "band=large", None)), 2, "slice 'band=large': metric 'agreement' is NaN/inf",
+                 id="nan-slice-metric"),
+    pytest.param(edited(metric("fp32", "overall", None)), 2, f"fp32@{BACKEND}: overall: metric 'agreement' is NaN/inf",
+                 id="nan-reference-metric"),
     pytest.param(edited(lambda raw: scope(raw, INT8, "band=medium")["metrics"].pop("agreement")), 2,
                  "slice 'band=medium': metric 'agreement' missing", id="metric-deleted"),  # fmt: skip
-    pytest.param(edited(on_variant(INT8, accuracy={**{}, "rows": 229})), 2, "not a valid qbench results file", id="accuracy-cut-short"),
+    pytest.param(edited(on_variant(INT8, accuracy={**{}, "rows": 229})), 2, "not a valid qbench results file",
+                 id="accuracy-cut-short"),
     pytest.param(edited(lambda raw: scope(raw, INT8, "overall")["intervals"]["agreement"].pop()), 2,
                  "intervals.agreement: got 1 values, expected 2", id="interval-cut-short"),  # fmt: skip
     pytest.param(edited(lambda raw: variant(raw, INT8)["accuracy"].update(nonfinite_outputs=-1)), 2,
@@ -418,36 +449,55 @@ CASES = [
                  "slice 'band=small': nonfinite_outputs 90, expected 0..75", id="slice-nonfinite-over-size"),  # fmt: skip
     # genuine breaches on consistent results: exit 1, naming the slice
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3)), 1, "band=small", id="nonfinite-breach"),
-    pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small", id="nonfinite-nan-metric-breach"),
-    pytest.param(edited(metric(INT8, "overall", "0.99")), 2, "metrics.agreement: got '0.99', expected a number or null", id="metric-as-text"),
-    pytest.param(edited(metric(INT8, "band=large", True)), 2, "metrics.agreement: got True, expected a number or null", id="metric-as-boolean"),
+    pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small",
+                 id="nonfinite-nan-metric-breach"),
+    pytest.param(edited(metric(INT8, "overall", "0.99")), 2, "metrics.agreement: got '0.99', expected a number or null",
+                 id="metric-as-text"),
+    pytest.param(edited(metric(INT8, "band=large", True)), 2, "metrics.agreement: got True, expected a number or null",
+                 id="metric-as-boolean"),
     # params the gate reads: a value of another type would be misread (a count "0" is no 0), so it is refused
-    pytest.param(edited(params_of(INT8, quantized_nodes="0")), 2, "params.quantized_nodes: got '0', expected a whole number >= 0", id="params-count-as-text"),
-    pytest.param(edited(params_of(INT8, integer_kernels_of=[BACKEND])), 2, "params.integer_kernels_of: got ['onnxruntime-cpu'], expected a string", id="params-name-as-list"),
-    pytest.param(edited(on_variant(INT8, params=[])), 2, "params: got [], expected a JSON object", id="params-not-an-object"),
+    pytest.param(edited(params_of(INT8, quantized_nodes="0")), 2,
+                 "params.quantized_nodes: got '0', expected a whole number >= 0", id="params-count-as-text"),
+    pytest.param(edited(params_of(INT8, integer_kernels_of=[BACKEND])), 2,
+                 "params.integer_kernels_of: got ['onnxruntime-cpu'], expected a string", id="params-name-as-list"),
+    pytest.param(edited(on_variant(INT8, params=[])), 2, "params: got [], expected a JSON object",
+                 id="params-not-an-object"),
     pytest.param(edited(params_of("fp32", one_class_outputs="probabilities")), 2,
-                 "params.one_class_outputs: got 'probabilities', expected a list of strings", id="params-names-as-text"),  # fmt: skip
+                 "params.one_class_outputs: got 'probabilities', expected a list of strings",
+                 id="params-names-as-text"),  # fmt: skip
     pytest.param(edited(params_of("fp32", shared_cosines={"probabilities": "0.99"})), 2,
-                 "params.shared_cosines.probabilities: got '0.99', expected a number or null", id="params-number-as-text"),  # fmt: skip
-    pytest.param(edited(params_of(INT8, quantized_nodes=0)), 0, f"{INT8}@{BACKEND} computes in fp32", id="params-count-zero"),
+                 "params.shared_cosines.probabilities: got '0.99', expected a number or null",
+                 id="params-number-as-text"),  # fmt: skip
+    pytest.param(edited(params_of(INT8, quantized_nodes=0)), 0, f"{INT8}@{BACKEND} computes in fp32",
+                 id="params-count-zero"),
     # values no scope could hold: the metric's range, a share that is no whole number of the scope's rows
-    pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1", id="rate-above-1"),
-    pytest.param(edited(metric(INT8, "band=large", 0.987654321)), 2, "metric 'agreement' is 0.987654321, not a whole number of the scope's", id="rate-of-no-row-count"),
-    pytest.param(edited(metric(INT8, "overall", -0.25, key="max_abs_error")), 2, "metric 'max_abs_error' is -0.25, outside its range 0..inf", id="negative-error"),
-    pytest.param(edited(lowered(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: int8-minmax@onnxruntime-cpu (band=large);", id="accuracy-breach"),
-    pytest.param(edited(metric(INT8, "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as 0.0, but FP32's figure 1.0 and this one 0.5 make it 0.5", id="figure-edited-not-its-drop"),
-    pytest.param(edited(lowered("fp32", "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as 0.0, but FP32's figure 0.5 and this one 1.0 make it -0.5", id="reference-lowered-to-hide-a-drop"),
+    pytest.param(edited(metric(INT8, "overall", 1.5)), 2, "overall: metric 'agreement' is 1.5, outside its range 0..1",
+                 id="rate-above-1"),
+    pytest.param(edited(metric(INT8, "band=large", 0.987654321)), 2,
+                 "metric 'agreement' is 0.987654321, not a whole number of the scope's", id="rate-of-no-row-count"),
+    pytest.param(edited(metric(INT8, "overall", -0.25, key="max_abs_error")), 2,
+                 "metric 'max_abs_error' is -0.25, outside its range 0..inf", id="negative-error"),
+    pytest.param(edited(lowered(INT8, "band=large", 0.5)), 1, "gate: FAIL — 1 of 2 variants breaches: "
+                                                              "int8-minmax@onnxruntime-cpu (band=large);",
+                                                              id="accuracy-breach"),
+    pytest.param(edited(metric(INT8, "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as 0.0, "
+                                                             "but FP32's figure 1.0 and this one 0.5 make it 0.5",
+                                                             id="figure-edited-not-its-drop"),
+    pytest.param(edited(lowered("fp32", "band=large", 0.5)), 2, "slice 'band=large': drop of 'agreement' recorded as "
+                                                                "0.0, but FP32's figure 0.5 and this one 1.0 make it -0.5", id="reference-lowered-to-hide-a-drop"),
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),
     pytest.param(edited(both(forget_int8_in_recipe, lambda raw: raw.__setitem__("digest", content_digest(raw))), signed=False), 2,
                  "recipe.resolved: does not match recipe.resolved_sha256", id="recipe-edited-file-resigned"),  # fmt: skip
-    pytest.param(edited(forget_int8_in_recipe), 2, f"{INT8}@{BACKEND}: in the results but not asked for", id="recipe-edited-resigned"),
+    pytest.param(edited(forget_int8_in_recipe), 2, f"{INT8}@{BACKEND}: in the results but not asked for",
+                 id="recipe-edited-resigned"),
     pytest.param(edited(lambda raw: raw["recipe"]["resolved"].__setitem__("backends", ["nope"])), 2,
                  "recipe.resolved.backends", id="recipe-invalid"),  # fmt: skip
     pytest.param(edited(lambda raw: raw["recipe"].pop("resolved")), 2, "recipe.resolved: missing", id="recipe-missing"),
     pytest.param(recipe_changed(lambda raw: raw.__setitem__("name", "other")), 2,
                  "the results are from recipe 'tumour-mlp', not 'other'", id="different-recipe"),  # fmt: skip
-    pytest.param(recipe_changed(add_variant_to_recipe), 2, "recipe section 'variants' changed since the sweep", id="recipe-variants-changed"),
+    pytest.param(recipe_changed(add_variant_to_recipe), 2, "recipe section 'variants' changed since the sweep",
+                 id="recipe-variants-changed"),
     pytest.param(recipe_changed(lambda raw: raw["data"].__setitem__("label", None)), 2,
                  "recipe section 'data' changed since the sweep", id="recipe-data-section-changed"),  # fmt: skip
     pytest.param(recipe_changed(lambda raw: raw.setdefault("latency", {}).__setitem__("threads", 2)), 2,
@@ -459,7 +509,8 @@ CASES = [
                  "stale results: data (", id="data-changed"),  # fmt: skip
     pytest.param(input_changed("data/patients.parquet", Path.unlink, with_recipe=False), 2,
                  "cannot check the results for staleness: data (", id="data-deleted"),  # fmt: skip
-    pytest.param(input_changed("data/patients.parquet", Path.unlink, with_recipe=False, flags=("--no-staleness-check",)),
+    pytest.param(input_changed("data/patients.parquet", Path.unlink, with_recipe=False,
+                               flags=("--no-staleness-check",)),
                  0, "inputs not checked for staleness (--no-staleness-check)", id="data-deleted-explicit-flag"),  # fmt: skip
     pytest.param(input_changed("model/tumour_mlp.onnx", flip_byte, with_recipe=True), 2,
                  "stale results: model (", id="model-changed-recipe"),  # fmt: skip
@@ -470,14 +521,16 @@ CASES = [
     pytest.param(edited(set_in(("inputs",), {})), 2, "inputs: the results record no input digests", id="inputs-erased"),
     # the recipe says which inputs are checked: a dropped entry would leave its file unchecked
     pytest.param(edited(lambda raw: raw["inputs"].pop("data")), 2,
-                 "stale results: the recipe reads data, but the results record no digest of it", id="input-record-dropped"),  # fmt: skip
+                 "stale results: the recipe reads data, but the results record no digest of it",
+                 id="input-record-dropped"),  # fmt: skip
     pytest.param(edited(lambda raw: raw["inputs"]["model"].__setitem__("sha256", "0" * 64)), 2,
                  "stale results: model (", id="input-digest-forged"),  # fmt: skip
 ]
 
 
 @pytest.mark.parametrize(("case", "code", "message"), CASES)
-def test_gate_judges_what_the_recipe_asked_for(swept: Swept, tmp_path: Path, capsys, case: Case, code: int, message: str):
+def test_gate_judges_what_the_recipe_asked_for(swept: Swept, tmp_path: Path, capsys, case: Case, code: int,
+                                               message: str):
     with case(swept, tmp_path) as argv:
         got = main(argv)
     captured = capsys.readouterr()
@@ -491,7 +544,8 @@ def test_unusable_files_are_one_line_naming_the_file(swept: Swept, tmp_path: Pat
     with edited(metric(INT8, "overall", 0.5), signed=False)(swept, tmp_path) as argv:
         assert main(argv) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line == f"error: {tmp_path / 'results.json'}: digest: does not match the file's content (edited or corrupted after the sweep)"
+    assert line == (f"error: {tmp_path / 'results.json'}: digest: does not match the file's content (edited or "
+                    "corrupted after the sweep)")
 
 
 def test_another_recipes_results_are_said_to_be_so_and_nothing_else(swept: Swept, tmp_path: Path, capsys):

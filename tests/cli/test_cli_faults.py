@@ -383,9 +383,11 @@ def test_a_csv_in_another_encoding_is_refused_naming_where_and_the_field_then_re
     line = raw[:offset].count(b"\n") + 1
     recipe = recipe_reading(project, tmp_path, data="rows.csv")
     assert main(["validate", str(recipe)]) == 2
-    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.csv: line {line} (byte {offset}: 0xe4) "
-                                  "is not utf-8 text; set data.encoding to the encoding the file was written in "
-                                  "(cp1252 for most Windows and Excel exports, latin-1, utf-16, ...)")  # fmt: skip
+    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read "
+                                  f"rows.csv: line {line} (byte {offset}: 0xe4) "
+                                  "is not utf-8 text; set data.encoding to the "
+                                  "encoding the file was written in (cp1252 for most "
+                                  "Windows and Excel exports, latin-1, utf-16, ...)")  # fmt: skip
     raw_recipe = yaml.safe_load(recipe.read_text())
     raw_recipe["data"]["encoding"] = "latin-1"
     recipe.write_text(yaml.safe_dump(raw_recipe, sort_keys=False))

@@ -145,7 +145,8 @@ def test_pass_prints_only_the_summary_and_verbose_prints_every_check(project, ca
     assert "changed since the sweep" in lines[1]  # swept under STRICT (its own test below)
     assert main(["gate", str(recipe), "--verbose"]) == 0
     shown = capsys.readouterr().out
-    rows = [line.split() for line in shown.splitlines() if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
+    rows = [line.split() for line in shown.splitlines()
+            if line.split()[:2] in (["fp16", BACKEND], ["int8-minmax", BACKEND])]
     assert len(rows) == 8 and all(row[-1] == "PASS" for row in rows)
     assert shown.strip().splitlines()[-1] == "gate: PASS — 2 variants × 4 scopes, 8 checks"
 
@@ -158,9 +159,11 @@ def test_junit_and_json_are_written_on_a_breach_with_matching_counts(project, tm
     assert [root.get(k) for k in ("tests", "failures", "errors", "skipped")] == ["4", "4", "0", "0"]
     [suite] = [s for s in root.findall("testsuite") if s.get("name") != "results"]  # "results": the gate's notes
     assert suite.get("name") == f"int8-minmax@{BACKEND}"
-    assert [c.get("name") for c in suite.findall("testcase")] == [f"{s}: max_abs_error" for s in strict_breach_scopes(project)]
+    assert [c.get("name") for c in suite.findall("testcase")] == [f"{s}: max_abs_error"
+                                                                  for s in strict_breach_scopes(project)]
     loaded = json.loads(report.read_text())
-    assert (loaded["verdict"], loaded["exit_code"], loaded["summary"]) == ("breach", 1, expected_strict_summary(project))
+    assert (loaded["verdict"], loaded["exit_code"], loaded["summary"]) == ("breach", 1,
+                                                                           expected_strict_summary(project))
     assert loaded["counts"] == {"checks": 4, "breaches": 4, "skipped": 0, "problems": 0}
 
 
@@ -328,7 +331,8 @@ def test_results_written_before_evidence_was_recorded_are_one_unusable_line(proj
                         "records them), so these checks cannot be applied: output_spread (collapsed outputs); "
                         "output_spread of per-token scores and answer spans; decisions_kept, tail_kept, spread_kept "
                         "(lost classes, tails, dimensions); the note on a reference stored rounded; results of a "
-                        "deterministic reference; the measured model file is the one measured; re-run `qbench sweep` (fail closed)")
+                        "deterministic reference; the measured model file is "
+                        "the one measured; re-run `qbench sweep` (fail closed)")
     assert main(["gate", str(recipe)]) == 0  # the same sweep's own results: judged as before, a pass
 
 
@@ -345,7 +349,8 @@ def test_results_alone_judged_by_their_embedded_recipe_say_when_its_file_now_ask
         recipe.write_text(yaml.safe_dump({**yaml.safe_load(swept), "gate": LENIENT}, sort_keys=False))
         assert main(["gate", "--results", str(results)]) == 1  # still the embedded (strict) gate's verdict
         said = (f"gate note: judged by the recipe these results embed, but the recipe file {recipe} they were swept "
-                f"from now differs in section(s) 'gate': `qbench gate {recipe} --results {results}` judges by the file's")
+                "from now differs in section(s) 'gate': `qbench gate "
+                f"{recipe} --results {results}` judges by the file's")
         assert said in capsys.readouterr().out.splitlines()
         assert main(["gate", str(recipe), "--results", str(results)]) == 0
         assert "recipe file" not in capsys.readouterr().out
@@ -359,14 +364,16 @@ def test_a_gate_changed_since_the_sweep_is_applied_and_a_breach_it_lets_through_
     nothing of it: a CI step passes where the sweep blocked."""
     assert main(["gate", str(project.recipe(LENIENT))]) == 0
     notes = [line for line in capsys.readouterr().out.splitlines() if "changed since the sweep" in line]
-    assert notes == ["gate note: judged by the recipe's gate.metric 'max_abs_error' -> 'agreement', gate.max_drop 0.0 -> "
-                     "0.9, gate.max_slice_drop 0.0 -> 0.9, gate.applies_to ['int8-*'] -> ['*'], changed since the sweep: "
-                     f"the gate the results were swept with blocks int8-minmax@{BACKEND}, which this one passes or "
-                     "does not judge"]
+    assert notes == ["gate note: judged by the recipe's gate.metric "
+                     "'max_abs_error' -> 'agreement', gate.max_drop 0.0 -> "
+                     "0.9, gate.max_slice_drop 0.0 -> 0.9, gate.applies_to ['int8-*'] -> ['*'], changed since the "
+                     "sweep: the gate the results were swept with blocks "
+                     f"int8-minmax@{BACKEND}, which this one passes or does not judge"]
     unjudged = {**STRICT, "applies_to": ["fp16"]}  # the breaching variant taken out of the gate: fp16 breaches alone
     assert main(["gate", str(project.recipe(unjudged))]) == 1
-    said = ("gate note: judged by the recipe's gate.applies_to ['int8-*'] -> ['fp16'], changed since the sweep: the gate "
-            f"the results were swept with blocks int8-minmax@{BACKEND}, which this one passes or does not judge")
+    said = ("gate note: judged by the recipe's gate.applies_to "
+            "['int8-*'] -> ['fp16'], changed since the sweep: the gate the results were swept with blocks "
+            f"int8-minmax@{BACKEND}, which this one passes or does not judge")
     assert said in capsys.readouterr().out.splitlines()
     widened = {**STRICT, "applies_to": ["*"]}  # a stricter gate is applied: fp16 is judged too, and breaches
     assert main(["gate", str(project.recipe(widened))]) == 1

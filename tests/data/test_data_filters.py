@@ -353,7 +353,8 @@ ZONED = ["2026-03-01T10:00:00+02:00", "2026-03-01T09:00:00Z", "2026-03-01T07:30:
     ({"not_in": ["2026-03-01T11:00:00+02:00"]}, [0, 2]),  # 09:00 UTC
 ])  # fmt: skip
 def test_text_times_with_different_utc_offsets_compare_as_instants(flt: dict, expected: list[int]) -> None:
-    """Such a column was refused as 'not all dates' (`ge`), and `eq` / `not_in` compared the text: nothing / every row."""
+    """Such a column was refused as 'not all dates' (`ge`), and `eq` / `not_in` compared the text: nothing / every
+    row."""
     table = pd.DataFrame({"ts": ZONED})
     assert np.flatnonzero(filter_mask(table, {"ts": flt}, field=FIELD, recipe_file=RECIPE)).tolist() == expected
 

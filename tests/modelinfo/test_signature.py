@@ -179,7 +179,8 @@ def test_the_graph_says_whether_its_scores_are_probabilities_or_logits(tmp_path:
     """A one-column binary score was read as a probability whenever FP32's values fell within [0, 1], so logits of
     0.38..0.74 were thresholded at 0.5 (accuracy 0.90 instead of the model's 0.67)."""
     weight = onnx.numpy_helper.from_array(np.ones((4, 1), np.float32), "w")
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("logit", "probability", "other")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1])
+               for n in ("logit", "probability", "other")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["raw"]), helper.make_node("Flatten", ["raw"], ["logit"]),
              helper.make_node("Sigmoid", ["raw"], ["p"]), helper.make_node("Identity", ["p"], ["probability"]),
              helper.make_node("Abs", ["raw"], ["other"])]  # fmt: skip
@@ -347,7 +348,8 @@ def test_an_input_with_no_row_axis_is_shared_by_the_batch() -> None:
     call; a leading 1 (a batch of one row), a dynamic axis, or a model whose inputs all fix axis 0 keep a row axis."""
 
     def inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
-        return {name: TensorMeta(name, np.dtype(np.float32), shape, scalar=shape == ()) for name, shape in shapes.items()}
+        return {name: TensorMeta(name, np.dtype(np.float32), shape, scalar=shape == ())
+                for name, shape in shapes.items()}
 
     beside_batch = inputs(x=(None, 6), t=(), scale=(4,), proj=(6, 3), one=(1,), h0=(1, None, 8), state=(2, None))
     shared = [name for name, meta in beside_batch.items() if shared_by_batch(meta, beside_batch)]

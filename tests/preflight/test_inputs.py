@@ -1,6 +1,7 @@
 """Model inputs a column cannot feed, as `qbench validate` meets them: a scalar (rank-0) input or a fixed-length vector
-beside a dynamic batch, one value per call, an input with a default (an initializer of the same name), which qbench holds constant, and an input that is no tensor (a map); each is one line naming
-the input and what to do, and the default route passes."""
+beside a dynamic batch, one value per call, an input with a default (an initializer of the same name), which qbench
+holds constant, and an input that is no tensor (a map); each is one line naming the input and what to do, and the
+default route passes."""
 
 from __future__ import annotations
 

@@ -181,7 +181,8 @@ def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() ->
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 3])], weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     assert reduced_precision(model) == ("the model already computes in float16: 2 MatMul, 1 Add, 1 Div, "
-                                        "1 Max, 1 Min nodes and 2 more of 2 other kinds; its graph inputs/outputs x, y are float16")  # fmt: skip
+                                        "1 Max, 1 Min nodes and 2 more of 2 other "
+                                        "kinds; its graph inputs/outputs x, y are float16")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -334,7 +335,8 @@ def test_a_sweep_from_a_reference_rounding_activations_says_so_in_results_and_ga
     rng = np.random.default_rng(3)
     pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "rounded", "task": "embedding", "model": {"path": "model.onnx"},
-              "data": {"path": "rows.parquet", "inputs": {"x": "x"}}, "variants": [{"name": "fp16", "precision": "fp16"}],
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}},
+              "variants": [{"name": "fp16", "precision": "fp16"}],
               "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0

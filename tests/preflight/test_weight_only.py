@@ -139,14 +139,17 @@ def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) ->
     ("build", "found"),
     [
         pytest.param(lambda: _fake_quantized(255, per_channel=True),
-                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-channel"),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-per-channel"),
         pytest.param(lambda: _fake_quantized(255, per_channel=False),
-                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-tensor"),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-per-tensor"),
         pytest.param(lambda: _fake_quantized(255, per_channel=True, w=WEIGHT.reshape(24, 4)[:8]),
                      "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-folded-4-values-per-channel"),
         pytest.param(lambda: _fake_quantized(15, per_channel=True),
-                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
+                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int4-folded-per-channel"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8),
                      "int8 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-cast-scaled"),
@@ -220,8 +223,10 @@ def test_an_int16_weight_cast_to_float_is_accepted_with_its_note_and_a_cast_mask
                  for name, v in (("start", 0), ("limit", K), ("delta", 1))]  # fmt: skip
     nodes = [*positions, helper.make_node("Range", ["start", "limit", "delta"], ["ints"]),
              helper.make_node("Cast", ["ints"], ["floats"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["floats", "axis"], ["column"]), helper.make_node("MatMul", ["x", "column"], ["xp"]),
-             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "m"], ["xm"]),
+             helper.make_node("Unsqueeze", ["floats", "axis"], ["column"]),
+             helper.make_node("MatMul", ["x", "column"], ["xp"]),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x", "m"], ["xm"]),
              helper.make_node("MatMul", ["xm", "column"], ["xq"]), helper.make_node("Add", ["xp", "xq"], ["y"])]  # fmt: skip
     model = _model(nodes, [mask, numpy_helper.from_array(np.array([1], np.int64), "axis")])
     _run(model, {"x": ROWS})

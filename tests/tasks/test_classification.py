@@ -109,7 +109,8 @@ def test_labels_of_a_map_with_negative_keys_are_read_through_its_keys() -> None:
     assert labels.tolist() == [0, 1, 1, 0]
     TASK.check_labels(labels, zipmap, POSITIONS)
     with pytest.raises(LabelError,
-                       match=r"1 row, e.g. row 12: 0 name classes the output 'probs' does not have \(its classes: -1, 1\)"):
+                       match=r"1 row, e.g. row 12: 0 name classes the output "
+                             r"'probs' does not have \(its classes: -1, 1\)"):
         TASK.decode_label_names([-1, 1, 0, -1], [zipmap], POSITIONS)
 
 

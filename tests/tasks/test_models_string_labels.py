@@ -18,7 +18,8 @@ from qbench.cli.app import main
 pytestmark = pytest.mark.slow
 
 skl2onnx = pytest.importorskip("skl2onnx")
-FP32_TWICE = [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]  # graphs of ai.onnx.ml nodes only: no int8 to build
+# graphs of ai.onnx.ml nodes only: no int8 to build
+FP32_TWICE = [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]
 
 
 def _convert(classifier, features: np.ndarray, zipmap: bool):

@@ -66,7 +66,8 @@ def test_two_independent_replays_that_contradict_each_other_decide_nothing(monke
     bounds = {Verdict.PASS: TailBound(0.001, 0.005, 100, 0.0), Verdict.FAIL: TailBound(0.05, 0.08, 100, 0.03)}
     given = iter([bounds[first], bounds[last]])
     real = LoadReplay.within
-    monkeypatch.setattr(LoadReplay, "within", lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
+    monkeypatch.setattr(LoadReplay, "within",
+                        lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
     replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(1000, 0))
 
     stats, verdict = judge_rate(replay, 100.0, BUDGET_MS, max_requests=4000)
@@ -79,7 +80,8 @@ def test_replays_that_end_unconfirmed_without_contradiction_keep_the_last_verdic
     """Undecided on 1,000 requests, a pass on 4,000 (the most allowed): nothing contradicts the pass, so it stands."""
     given = iter([TailBound(0.009, 0.02, 100, 0.0), TailBound(0.001, 0.005, 100, 0.0)])
     real = LoadReplay.within
-    monkeypatch.setattr(LoadReplay, "within", lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
+    monkeypatch.setattr(LoadReplay, "within",
+                        lambda self, *args, **kwargs: (real(self, *args, **kwargs)[0], next(given)))
     replay = LoadReplay(FixedServiceTime(D_MS), Batcher(1, 0.0), Draws.make(1000, 0))
 
     assert judge_rate(replay, 100.0, BUDGET_MS, max_requests=4000)[1] is Verdict.PASS

@@ -201,7 +201,8 @@ def test_analyse_ranges_sees_the_tensors_after_a_fused_contrib_operator(tmp_path
     analysis = analyse_ranges(fused_model(tmp_path / "fused.onnx"), {"x": x}, {}, batch_size=4, variants=[variant])
     assert analysis.abs_max["overall"]["normed"] == pytest.approx(float(np.abs(normed).max()), rel=1e-4)
     records = {r.scope: r for r in analysis.clipping}
-    assert (records["overall"].clipped, records["overall"].values) == (int(np.count_nonzero(np.abs(normed) > 1.0)), normed.size)
+    assert (records["overall"].clipped, records["overall"].values) == (int(np.count_nonzero(np.abs(normed) > 1.0)),
+                                                                       normed.size)
 
 
 def to_json_with(analysis) -> str:

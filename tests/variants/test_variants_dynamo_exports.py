@@ -65,7 +65,8 @@ def test_fp16_of_a_dynamo_export_without_its_optimizer_matches_torch(tmp_path):
     x = torch.randn(5, 6)
     with torch.no_grad():
         expected = module(x).numpy()
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w"))
     session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
     output = session.run(None, {"x": x.numpy()})[0]
     error = np.abs(output - expected).max() / np.abs(expected).max()

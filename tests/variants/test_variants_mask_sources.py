@@ -60,7 +60,8 @@ def _export(module: torch.nn.Module, path: Path, *, fold: bool = True, dynamic: 
     args = (torch.randn(ROWS, SEQ, WIDTH), torch.zeros(ROWS, 1, SEQ))[: len(names)]
     axes = {"x": {0: "batch", 1: "seq"}, "attention_bias": {0: "batch", 2: "seq"}, "y": {0: "batch"}}
     torch.onnx.export(module.eval(), args, str(path), dynamo=False, do_constant_folding=fold, input_names=names,
-                      output_names=["y"], dynamic_axes={k: v for k, v in axes.items() if dynamic and k in [*names, "y"]},
+                      output_names=["y"], dynamic_axes={k: v for k, v in axes.items() if dynamic
+                                                        and k in [*names, "y"]},
                       opset_version=17)  # fmt: skip
     return path
 
