@@ -122,9 +122,11 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                                                                  f"({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
     made |= ort_dynamic(prepared, work)
     made["nncf-ptq"] = peer(args.peer_python, "nncf", ["nncf", "--fp32", str(prepared.source.onnx_path),
-                                                      "--calibration", str(calibration)], work / "nncf.onnx")  # fmt: skip
+                                                      "--calibration", str(calibration)],
+                                                      work / "nncf.onnx")  # fmt: skip
     made["modelopt-sq"] = peer(args.peer_python, "modelopt", ["modelopt", "--encoder-layers", "6",
-                                                             "--calibration", str(calibration)], work / "modelopt.onnx")  # fmt: skip
+                                                             "--calibration", str(calibration)],
+                                                             work / "modelopt.onnx")  # fmt: skip
     models = {name: m["path"] for name, m in made.items() if "path" in m}
     cosines = accuracy(models, prepared, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)

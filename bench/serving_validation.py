@@ -87,7 +87,8 @@ def real_figures(served: Served, overhead_ms: float, rate: float) -> dict[str, f
             "client_lag_p50_ms": float(np.percentile(served.client_lag_ms, 50)),
             "client_lag_p99_ms": float(np.percentile(served.client_lag_ms, 99)),
             "from_enqueue_p50_ms": float(from_enqueue[0]), "from_enqueue_p99_ms": float(from_enqueue[1]),
-            "assembly_ms_mean": float(served.assembly_ms.mean()), "run_ms_mean": float(served.run_ms.mean())}  # fmt: skip
+            "assembly_ms_mean": float(served.assembly_ms.mean()),
+            "run_ms_mean": float(served.run_ms.mean())}  # fmt: skip
 
 
 def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], seed: int, batcher: Batcher, budget_ms: float,
@@ -161,7 +162,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
         old_max = search_max_rate(back_to_back, serving.budget_ms, overhead_ms=overhead).max_rate_rps
         budget = serving.budget_ms
         real_max, real_runs = real_max_rate(runner, feeds, settings["seed"], batcher, budget, overhead,
-                                            start_rps=serving.simulated_max_rate_rps or replay.capacity_rps / 64)  # fmt: skip
+                                            start_rps=serving.simulated_max_rate_rps
+                                            or replay.capacity_rps / 64)  # fmt: skip
         rates = sorted({*(f * replay.capacity_rps for f in fractions), float(settings["rate_rps"] or 0),
                         *((f * real_max for f in fractions) if real_max else ())} - {0.0})  # fmt: skip
         rows = []
@@ -214,7 +216,8 @@ def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
              f"ms; max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
              f"(back to back {figures['back_to_back_max_rate_rps'] or 0:,.0f}; reported after real runs "
              f"{figures['served_max_rate_rps'] or 0:,.0f}) vs real "
-             f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
+             f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; "
+             f"load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
     table = Table(title=title)
     for header in ("req/s", "of capacity", "p50 b2b", "p50 pred", "p50 real", "ratio b2b/pred", "p99 b2b", "p99 pred",
                    "p99 real", "ratio b2b/pred", "batch pred/real", "served req/s", "run real/timed",

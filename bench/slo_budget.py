@@ -110,7 +110,8 @@ def _table(name: str, rows: list[dict[str, Any]], rate: float | None, budget: fl
         table.add_column(header, justify="right" if "$" in header or "ms" in header or "req" in header else "left")
     for row in rows:
         table.add_row(row["variant"], _fmt(row["p99_ms_at_rate"], ".3g"), _fmt(row["max_rate_rps"], ",.0f"),
-                      _fmt(row["usd_per_million_at_max_rate"], ".4g"), row["accuracy"], row["slo"], row["bound"] or "—")  # fmt: skip
+                      _fmt(row["usd_per_million_at_max_rate"], ".4g"), row["accuracy"], row["slo"],
+                      row["bound"] or "—")  # fmt: skip
     return table
 
 

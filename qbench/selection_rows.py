@@ -166,7 +166,8 @@ def selection_rows(
                        named_some(unjudged))  # fmt: skip
     if len(rows) < FEW_SELECTION_ROWS:
         logger.warning("only %d rows to choose among candidates on (none fitted on, none evaluated): the choice rests "
-                       "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
+                       "on noisy figures; draw more calibration rows or leave more rows unevaluated",
+                       len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
     fed_as = numeric_dtypes(model_inputs)
@@ -183,7 +184,8 @@ def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: 
         return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
                 "and the calibration fit is left to choose on, or those rows carry no labels to choose by, so its "
                 "figures are the best of several tries on those rows and flatter it (hold calibration rows out: "
-                "data.calibration.overlap: hold_out, or calibration.path; give them the data.label column)")  # fmt: skip
+                "data.calibration.overlap: hold_out, or "
+                "calibration.path; give them the data.label column)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
     unseen = [f"none of them in {named_some(selection.unjudged)}"] if selection.unjudged else []
     unseen += [f"fewer than gate.min_slice_size of them in {named_some(too_small)}"] if too_small else []

@@ -211,7 +211,8 @@ def serving_metrics(variant: VariantResult) -> dict[str, float]:
         metrics["time.transfer_ms_b1"] = serving.transfer_ms_b1
     if serving.at_rate is not None:
         metrics |= {"load.p50_ms": serving.at_rate.p50_ms, "load.p95_ms": serving.at_rate.p95_ms,
-                    "load.p99_ms": serving.at_rate.p99_ms, "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
+                    "load.p99_ms": serving.at_rate.p99_ms,
+                    "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
     if serving.budget_ms is not None:
         metrics["load.max_rate_rps"] = serving.max_rate_rps if serving.max_rate_rps is not None else 0.0
         metrics["load.simulated_requests"] = float(serving.simulated_requests)

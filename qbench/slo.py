@@ -106,7 +106,8 @@ def _judge_one(
         if serving.at_rate_undecided and not behind and (served is None or within(served.p99_ms, budget.p99_ms)):
             return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
                           f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of "
-                          "them over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
+                          "them over it): budget a rate further from "
+                          "the instance's capacity, or a looser p99")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and keep_up_undecided(serving):
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({keep_up_undecided(serving)}): re-run `qbench sweep` on a machine "

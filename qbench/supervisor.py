@@ -147,7 +147,8 @@ def _verdict(args: Sequence[str], code: int, run: Path | None, finished: int | N
         return code
     if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
         return _say(f"qbench: error: the command's process ended with status {code} before qbench finished the "
-                    "command (exit() called inside a library or the recipe's own code), so it is no verdict")  # fmt: skip
+                    "command (exit() called inside a library or "
+                    "the recipe's own code), so it is no verdict")  # fmt: skip
     if passed_on:  # the signal passed on ended it before its own handling was in place (SIGHUP: none)
         return _say("qbench: error: interrupted")
     if code >= 0:

@@ -85,7 +85,8 @@ def modelopt_smoothquant(layers: int, calibration: Path, out: Path) -> str:
     example = tuple(batches[0][k][:2] for k in INPUTS)
     with torch.no_grad():
         torch.onnx.export(model, example, str(out), dynamo=False, opset_version=17, input_names=list(INPUTS),
-                          output_names=["embedding"], dynamic_axes={k: {0: "batch"} for k in (*INPUTS, "embedding")})  # fmt: skip
+                          output_names=["embedding"], dynamic_axes={k: {0: "batch"}
+                                                                    for k in (*INPUTS, "embedding")})  # fmt: skip
     return modelopt.__version__
 
 

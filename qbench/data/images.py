@@ -81,7 +81,8 @@ def image_input_name(
     free = [name for name in model_inputs if name not in named]
     if len(free) != 1:
         raise RecipeError(recipe_file, f"data.inputs.{column}.input", f"the model inputs {', '.join(free) or 'none'} "
-                          "are fed by no named column; expected `input: <the model input the images feed>`")  # fmt: skip
+                          "are fed by no named column; expected "
+                          "`input: <the model input the images feed>`")  # fmt: skip
     return free[0]
 
 
@@ -122,7 +123,8 @@ def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, colu
     size = tuple(spec.size) if spec.size is not None else (height, width)
     if None in size:
         raise RecipeError(recipe_file, image_field(column, "size"), f"model input {meta.name!r} has shape "
-                          f"{_shown(shape)}, which states no height and width; expected size: [height, width]")  # fmt: skip
+                          f"{_shown(shape)}, which states no height "
+                          "and width; expected size: [height, width]")  # fmt: skip
     if (height, width) != (None, None) and any(d is not None and d != s for d, s in zip((height, width), size)):
         raise RecipeError(recipe_file, image_field(column, "size"), f"got {list(size)}, but model input {meta.name!r} "
                           f"has shape {_shown(shape)} (layout {layout}); expected [{height}, {width}]")  # fmt: skip

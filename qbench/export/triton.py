@@ -258,7 +258,8 @@ def _load_lines(name: str, measured: VariantResult, fixed: int | None) -> list[s
                   "as in config.pbtxt unless overridden"))  # fmt: skip
     simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic "
                  f"batcher ({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
-                 f"{at_rate.p99_ms:.3f} ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
+                 f"{at_rate.p99_ms:.3f} ms, mean batch "
+                 f"{at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
     if fixed is not None:
         return ["", "## qbench's load point", "", simulated +
                 f" Triton cannot serve that load: config.pbtxt has no dynamic batcher (max_batch_size 0, as the model "

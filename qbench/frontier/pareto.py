@@ -99,7 +99,8 @@ def _identical_as_one(candidates: list[_Candidate]) -> list[_Candidate]:
         spread = max((m.spread for m in members if math.isfinite(m.spread)), default=math.nan)
         loaded = any(m.contended for m in members)
         shared += [dataclasses.replace(m, point=dataclasses.replace(m.point, p50_ms=p50, metric=worst.point.metric),
-                                       score=worst.score, spread=spread, contended=loaded) for m in members]  # fmt: skip
+                                       score=worst.score, spread=spread,
+                                       contended=loaded) for m in members]  # fmt: skip
     return shared
 
 

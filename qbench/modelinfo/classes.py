@@ -388,7 +388,8 @@ def _argmax_lookup(
             for _ in range(len(_INDEX_OPS) * 4):  # a short chain of reshapes and casts at most
                 users = consumers.get(index, [])
                 lookup = next((u for u in users if u.op_type in ("ArrayFeatureExtractor", "Gather")
-                               and len(u.input) == 2 and u.input[1] == index and u.input[0] in constants), None)  # fmt: skip
+                               and len(u.input) == 2 and u.input[1] == index and u.input[0] in constants),
+                               None)  # fmt: skip
                 if lookup is not None:
                     return constants[lookup.input[0]]
                 passing = [u for u in users if u.op_type in _INDEX_OPS]

@@ -141,7 +141,8 @@ def _category_tables(
                 attributes = {a.name: a for a in node.attribute}
                 zeros = attributes["zeros"].i if "zeros" in attributes else 1
                 known = (list(attributes["cats_strings"].strings) if "cats_strings" in attributes
-                         else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes else None)  # fmt: skip
+                         else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes
+                         else None)  # fmt: skip
                 if zeros == 0 and known:
                     categories = tuple(c.decode() if isinstance(c, bytes) else int(c) for c in known)
                     encoders.append(Encoder(node.name or node.output[0], categories, picks))

@@ -176,7 +176,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     if batch is not None:
         recipe = with_fixed_batch(recipe, batch)
         logger.info("the model has a fixed batch of %d: timed at that batch only; every run feeds %d rows (a last, "
-                    "shorter batch is filled with repeats of its rows, whose outputs are dropped)", batch, batch)  # fmt: skip
+                    "shorter batch is filled with repeats of its rows, whose outputs are dropped)",
+                    batch, batch)  # fmt: skip
     task = get_task(recipe.task)
     custom_metrics = load_custom_metrics(recipe)
     if snapshot is not None:  # imported from the user's files: they must still be what the sweep hashed
@@ -184,7 +185,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
-                            label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
+                            label_names=task.labels_name_classes, recipe_file=recipe.source,
+                            model_inputs=model.inputs)  # fmt: skip
     unread = unread_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
     fed_as = numeric_dtypes(model.inputs)  # and the types it is fed as, from the model alone too
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
@@ -257,7 +259,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
-                    "data.calibration.overlap: allow" if allowed else "the same rows twice, or in both files")  # fmt: skip
+                    "data.calibration.overlap: allow" if allowed
+                    else "the same rows twice, or in both files")  # fmt: skip
     return Prepared(
         recipe=recipe,
         source=source,

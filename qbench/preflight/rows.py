@@ -110,7 +110,8 @@ def _check_rows(
             remedy = variable_length(_graph(path), name) or _per_call(name, values, size)
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
-                              f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
+                              "row per input row: qbench reads axis 0 "
+                              f"of every output as the batch, {remedy}")  # fmt: skip
     unfixed = unfixed_length(path, list(reference))
     if unfixed is not None:
         raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {unfixed}")
@@ -240,7 +241,8 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
 
 
 def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
-               agreement: Agreement, numbers: np.ndarray | None = None, *, per_row: bool = False) -> str | None:  # fmt: skip
+               agreement: Agreement, numbers: np.ndarray | None = None, *,
+               per_row: bool = False) -> str | None:  # fmt: skip
     """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is (the largest
     difference within tolerance goes to `agreement`). `numbers`: the row numbers to name (default: `picks`). The
     tolerance is relative to the largest magnitude of `reference`, or with `per_row` of each row's own outputs: a

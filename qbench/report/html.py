@@ -70,7 +70,8 @@ def _verdict_section(gate: GateReport | None) -> str:
     lines = [f'<section id="verdict" class="verdict {word.lower()}" data-verdict="{word}">',
              f"<h2>Gate on {escape(gate.metric_text)}: {word}</h2>",
              f"<p>{len(gate.gated)} variant × backend pairs gated, {len(judged)} checks judged, "
-             f"{len(gate.breaches)} breaches, {len(gate.problems)} problems that make results unusable.</p>"]  # fmt: skip
+             f"{len(gate.breaches)} breaches, {len(gate.problems)} "
+             "problems that make results unusable.</p>"]  # fmt: skip
     if gate.breaches:
         lines.append("<ul class=\"breaches\">")
         lines += [f"<li>{escape(check_line(c))}{'' if c.scope == SLO_SCOPE else f' ({c.size} rows)'}</li>"

@@ -121,4 +121,5 @@ def search_html(results: SweepResults) -> str:
         body.append(f"<tr{mark}>{cells}</tr>")
     notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in search_summary(report, results))
     return "\n".join(['<section id="search">', f"<h2>{escape(search_title(report))}</h2>", notes,
-                      f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>", "</section>"])  # fmt: skip
+                      f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>",
+                      "</section>"])  # fmt: skip

@@ -284,4 +284,5 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     lines = slo_lines(results, gate)
     breached = any(line.startswith("SLO BREACH") for line in lines)
     return Grid("Serving: where the time goes, load, cost", headers, [list(row) for row in rows],
-                frozenset(range(2, len(headers) - 3)), footer + lines, footer_style="red" if breached else "dim")  # fmt: skip
+                frozenset(range(2, len(headers) - 3)), footer + lines,
+                footer_style="red" if breached else "dim")  # fmt: skip

@@ -191,7 +191,8 @@ class _Search(KeepFloatStage):
         with self.budget.timing(SCREEN if timed_as is None else UNTIMED_SCREEN):
             measured = measure(self.backend, built, self.prepared, rows=self.screen,
                                reference=self.fp32_screen.reference,
-                               timing=self.timing if timed_as is None else None, quiet=True, clock=self.clock)  # fmt: skip
+                               timing=self.timing if timed_as is None else None, quiet=True,
+                               clock=self.clock)  # fmt: skip
             if measured.result.status != "ok":
                 self.records[index] = record
                 self._failed_to_run(index, measured.result.error)

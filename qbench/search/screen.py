@@ -100,7 +100,8 @@ def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
     """The slice whose drop in the gate's metric is furthest from its tolerance, and that drop (the report's 'worst
     slice (drop)' and what `select.needed` measures against max_slice_drop: another check's figure is no such drop)."""
     judged = [c for c in verdict.checks
-              if c.scope not in ("overall", "slo") and c.status != "skipped" and c.metric == verdict.metric]  # fmt: skip
+              if c.scope not in ("overall", "slo") and c.status != "skipped"
+              and c.metric == verdict.metric]  # fmt: skip
     worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
     return (worst.scope, worst.drop) if worst else (None, None)
 

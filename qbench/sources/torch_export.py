@@ -102,7 +102,8 @@ def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -
     problem = _export_into(torch_model, path, inputs)
     if problem is None:
         logger.warning("the cached export %s was not what forward() computes now on the recipe's rows: code "
-                       "forward() runs changed outside the files the cache key covers; exported again", path)  # fmt: skip
+                       "forward() runs changed outside the files the cache key covers; exported again",
+                       path)  # fmt: skip
     return problem is None
 
 

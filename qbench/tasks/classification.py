@@ -218,7 +218,8 @@ class Classification(Task):
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
             raise LabelError(f"output {named.name!r} scores the classes {listed_classes(classes)} by column, while "
-                             f"output {ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
+                             f"output {ids[0]!r} gives class values: "
+                             "expected one of them in model.outputs")  # fmt: skip
         unknown = f"name classes the output {named.name!r} does not have (its classes: {listed_classes(classes)})"
         return label_columns(values, classes, positions, unknown=unknown)
 
@@ -264,7 +265,8 @@ class Classification(Task):
         if not np.isin(labels, given).any():
             raise LabelError(f"no label is a value FP32's output {output.name!r} gives (labels: "
                              f"{listed_classes(np.unique(labels))}; output: {listed_classes(given)}): expected labels "
-                             "in the output's coding (its class ids, or the classes the model was trained on)")  # fmt: skip
+                             "in the output's coding (its class ids, "
+                             "or the classes the model was trained on)")  # fmt: skip
 
     def output_rank(self, output: TensorMeta) -> int | None:
         if self.output_problem(output) is not None:

@@ -314,7 +314,8 @@ class SweepTracker:
             return model_id
         tags = {"qbench.variant": variant.variant, "qbench.precision": variant.precision}
         model_id = log_variant_model(self._client, self._experiment_id, run_id, Path(variant.model_path),
-                                     name=logged_model_name(variant.variant), tags=tags, measured=variant.params)  # fmt: skip
+                                     name=logged_model_name(variant.variant), tags=tags,
+                                     measured=variant.params)  # fmt: skip
         self._models[variant.variant] = model_id
         return model_id
 

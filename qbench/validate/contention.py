@@ -165,7 +165,8 @@ def contention_notes(results: SweepResults) -> list[str]:
     for backend in results.backends():
         timed = [v for v in results.variants if v.backend == backend and v.status == "ok" and v.latency is not None
                  and "identical_to" not in v.params]  # a twin reports its twin's timing: name the one timed
-        points = [(p.others_cpus, v.variant, p.batch_size) for v in timed for p in v.latency.points  # type: ignore[union-attr]
+        points = [(p.others_cpus, v.variant, p.batch_size) for v in timed
+                  for p in v.latency.points  # type: ignore[union-attr]
                   if math.isfinite(p.others_cpus)]  # fmt: skip
         busy = max(points, default=None, key=lambda point: point[0])
         if busy is None or busy[0] < CONTENDED_CPUS:

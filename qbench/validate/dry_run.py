@@ -54,7 +54,8 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
                           f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest "
-                          f"the sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
+                          f"the sweep runs: {field}); "
+                          f"{_expected(prepared, backend, built, everything, size)}")  # fmt: skip
     if measured.outputs:
         judge = get_task(prepared.recipe.task)
         check_masked_outputs(prepared.recipe, measured.outputs,

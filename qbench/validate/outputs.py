@@ -165,7 +165,8 @@ class _Rows:
         shape = self.array.shape[1:]
         if value.shape[1:] != shape and not (widens and value.ndim == 2 and len(shape) == 1):
             raise QbenchError(f"output {name!r} gave rows of shape {list(value.shape[1:])} in one batch and "
-                              f"{list(shape)} in an earlier one: its rows must have one shape; {VARIABLE_SHAPE}")  # fmt: skip
+                              f"{list(shape)} in an earlier one: its "
+                              f"rows must have one shape; {VARIABLE_SHAPE}")  # fmt: skip
         if value.ndim == 2 and value.shape[1] > shape[0]:
             shape = value.shape[1:]
         dtype = np.result_type(self.array.dtype, value.dtype)

@@ -349,7 +349,8 @@ def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto],
     in FP32 and its pass said nothing about BF16, as for the LightGBM model that only rounds its scores."""
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     constants.update({node.output[0]: numpy_helper.to_array(attribute.t) for node in model.graph.node
-                      if node.op_type == "Constant" for attribute in node.attribute if attribute.name == "value"})  # fmt: skip
+                      if node.op_type == "Constant" for attribute in node.attribute
+                      if attribute.name == "value"})  # fmt: skip
     reached = {name for node in sources for name in node.output if name}
     found = []
     for node in model.graph.node:  # topologically sorted: every variant is built from the sorted normal form

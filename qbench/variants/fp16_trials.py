@@ -210,7 +210,8 @@ def _add_switches(model: onnx.ModelProto, overflowed: dict[str, float], rounded:
         prefix, altered = f"{_SWITCH}{index}/", f"{_SWITCH}{index}/altered"
         if name in overflowed:  # |x| beyond the limit -> x * inf: FP16 arithmetic overflows to inf, it does not clamp
             graph.initializer.extend([numpy_helper.from_array(np.array(overflowed[name], np.float32), prefix + "limit"),
-                                      numpy_helper.from_array(np.array(np.inf, np.float32), prefix + "inf")])  # fmt: skip
+                                      numpy_helper.from_array(np.array(np.inf, np.float32),
+                                                              prefix + "inf")])  # fmt: skip
             nodes = [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
                      helper.make_node("Greater", [prefix + "abs", prefix + "limit"], [prefix + "over"],
                                       name=prefix + "over"),
