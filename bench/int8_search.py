@@ -115,11 +115,10 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     np.savez(calibration,
              **{k: np.concatenate([b[k] for b in prepared.calibration_batches])
                 for k in prepared.calibration_batches[0]})
+    qbench_made = {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
+                   "tool": f"qbench search ({qbench['chosen'] or qbench['closest']})"}
     made: dict[str, dict[str, Any]] = {"fp32": {"path": prepared.source.onnx_path, "seconds": 0.0, "tool": "export"},
-                                       "qbench-search": {"path": Path(qbench["model_path"]),
-                                                         "seconds": qbench["search_seconds"],
-                                                         "tool": "qbench search "
-                                                                 f"({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
+                                       "qbench-search": qbench_made}
     made |= ort_dynamic(prepared, work)
     made["nncf-ptq"] = peer(args.peer_python, "nncf", ["nncf", "--fp32", str(prepared.source.onnx_path),
                                                       "--calibration", str(calibration)],
@@ -137,7 +136,8 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             rows[name] = {"error": m["error"]}
             continue
         c = cosines[name]
-        passed = 1 - c["mean_cosine"] <= gate.max_drop + 1e-12 and 1 - c["worst_slice_cosine"] <= gate.max_slice_drop + 1e-12
+        passed = (1 - c["mean_cosine"] <= gate.max_drop + 1e-12
+                  and 1 - c["worst_slice_cosine"] <= gate.max_slice_drop + 1e-12)
         rows[name] = {**c, "tool": m["tool"], "seconds_to_produce": m["seconds"], "gate": "pass" if passed else "fail",
                       **{f"speedup_b{b}": latency["fp32"][f"b{b}"]["p50_ms"] / latency[name][f"b{b}"]["p50_ms"]
                          for b in BATCH_SIZES},
@@ -151,7 +151,8 @@ def second_encoder(work: Path) -> Recipe:
     raw["name"] = "minilm-l3"
     raw["model"]["torch"] = "int8_search_encoders:minilm_l3"
     raw["data"]["path"] = str(ROOT / "calibration" / "minilm" / Path(raw["data"]["path"]).name)
-    raw["data"]["calibration"]["path"] = str(ROOT / "calibration" / "minilm" / Path(raw["data"]["calibration"]["path"]).name)
+    calibration = Path(raw["data"]["calibration"]["path"]).name
+    raw["data"]["calibration"]["path"] = str(ROOT / "calibration" / "minilm" / calibration)
     raw["output_dir"] = str(work / "reports")
     path = work / "minilm-l3.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))

@@ -209,7 +209,8 @@ def main() -> int:
     cosines = accuracy(models, prepared, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     outcome = report(latency, cosines)
-    profile = {n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")} if args.profile else None
+    profile = ({n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")}
+               if args.profile else None)
     write_record(args, started, {"goal": GOAL},
                  {**outcome, "latency": latency, "qbench_search": search, "profile": profile})  # fmt: skip
     return 0

@@ -191,7 +191,8 @@ def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: 
     unseen += [f"fewer than gate.min_slice_size of them in {named_some(too_small)}"] if too_small else []
     if unseen:
         unsliced = f", {' and '.join(unseen)} (the choice could not weigh a candidate there)"
-    few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
+    few = (f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})"
+           if selection.count < FEW_SELECTION_ROWS else "")
     return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated "
             f"({selection.from_sample} of them drawn for calibration and kept apart from fitting){few}{unsliced}; "
             f"judged on the {evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip

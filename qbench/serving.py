@@ -179,7 +179,8 @@ def _with_load(
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     with clock.within("track"):  # waiting for it is MLflow's cost, not inference
         settle_before_timing()  # idle again before the real serving runs are timed
-    served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
+    served = (served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead)
+              if search.max_rate_rps is not None else None)
     served_at_rate = None
     # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped
     if budget.rate_rps and (search.cut_short

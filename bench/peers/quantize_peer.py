@@ -57,7 +57,8 @@ def _encoder(layers: int):  # noqa: ANN202 - torch is imported inside
             self.bert = bert
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN202
-            states = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+            encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            states = encoded.last_hidden_state
             weights = attention_mask.unsqueeze(-1).to(states.dtype)
             return torch.nn.functional.normalize((states * weights).sum(1) / weights.sum(1).clamp(min=1e-9), dim=1)
 

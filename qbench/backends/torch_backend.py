@@ -197,7 +197,9 @@ class TorchRunner:
             array = np.array(array, order="C")
         tensor = torch.from_numpy(array)
         dtype = self._float_dtype if tensor.is_floating_point() else tensor.dtype
-        return tensor if dtype == tensor.dtype and self._device == "cpu" else tensor.to(device=self._device, dtype=dtype)
+        if dtype == tensor.dtype and self._device == "cpu":
+            return tensor
+        return tensor.to(device=self._device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         """What runs; on CUDA also the GPU utilisation and memory sampled since load."""
@@ -410,7 +412,8 @@ def _counted_dtype(variant: BuiltVariant, module: torch.nn.Module) -> str | None
     None for FP32 and for a builder's own simulated or fake-quant module (it computes in float by design)."""
     if variant.precision in _HALF_DTYPES:
         return _HALF_DTYPES[variant.precision]
-    torchao = variant.precision in _TORCHAO_DTYPES and not _is_fake_quant(variant) and quantized_linear_layers(module)[0]
+    torchao = (variant.precision in _TORCHAO_DTYPES and not _is_fake_quant(variant)
+               and quantized_linear_layers(module)[0])
     return _TORCHAO_DTYPES[variant.precision] if torchao else None
 
 

@@ -170,7 +170,8 @@ def evaluation_rows(
     digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread,
                                              dtypes=dtypes), rows, fed)
                if all(column in table.columns for column in fed) else None)
-    distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
+    evaluated_masks = {name: mask[rows] for name, mask in masks.items()}
+    distinct = distinct_inputs(digests, evaluated_masks) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
                           held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct,
                           digests=digests)  # fmt: skip

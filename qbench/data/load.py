@@ -175,7 +175,8 @@ def _read_arrow(path: Path) -> pd.DataFrame:
         return _decimals_as_numbers(pd.read_feather(path))
     except pa.ArrowInvalid as exc:
         raise ValueError(f"{_one_line(exc)}; expected a Feather file or an Arrow IPC file (an Arrow IPC stream, as a "
-                         "`datasets` folder's .arrow files hold, is read through its save_to_disk folder)") from None  # fmt: skip
+                         "`datasets` folder's .arrow files hold, is read through its save_to_disk "
+                         "folder)") from None  # fmt: skip
 
 
 def _decimals_as_numbers(df: pd.DataFrame) -> pd.DataFrame:

@@ -89,7 +89,8 @@ def spreadsheet_error(df: pd.DataFrame, columns: Collection[str]) -> tuple[int, 
         cells = df[column]
         if not (pd.api.types.is_object_dtype(cells) or pd.api.types.is_string_dtype(cells)):
             continue
-        errors = _flag_cells(cells, lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS).nonzero()[0]
+        flagged = _flag_cells(cells, lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS)
+        errors = flagged.nonzero()[0]
         if len(errors):
             found.append((int(errors[0]), column, str(cells.iloc[errors[0]])))
     return min(found, default=None)

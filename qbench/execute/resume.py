@@ -121,8 +121,9 @@ def decide_measure(
     if record is not None and code:
         return Decision(RERUN, f"measured in {run} with code since changed ({'; '.join(code)})", changes=code)
     if record is not None and record.died is not None:  # its failed result names the build: one reused
-        return _died(record.died, run, rerun_failed) if build.reused else Decision(RERUN, f"{record.died} in {run}, "
-                                                                                  "but its build runs again")  # fmt: skip
+        if build.reused:
+            return _died(record.died, run, rerun_failed)
+        return Decision(RERUN, f"{record.died} in {run}, but its build runs again")
     if record is None or record.result is None:
         return Decision(NEW, "not measured yet")
     if record.environment is not None:

@@ -283,7 +283,8 @@ def _meta(value_info: onnx.ValueInfoProto, producer: onnx.NodeProto | None = Non
     element = type_proto.sequence_type.elem_type if type_proto.WhichOneof("value") == "sequence_type" else None
     if element is not None and element.WhichOneof("value") == "map_type":
         value_type = element.map_type.value_type
-        score = _elem_dtype(value_type.tensor_type.elem_type) if value_type.WhichOneof("value") == "tensor_type" else None
+        tensor_values = value_type.WhichOneof("value") == "tensor_type"
+        score = _elem_dtype(value_type.tensor_type.elem_type) if tensor_values else None
         keys = _zipmap_keys(producer)
         classes = len(keys) if keys is not None else None
         return TensorMeta(value_info.name, score or np.dtype(object), (None, classes), "map", name, keys)

@@ -122,7 +122,8 @@ def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overa
         name = f"{choice.name}{OUTPUT_SEPARATOR}accuracy" if len(outputs) > 1 else "accuracy"
         rate, rows = overall.metrics.get(name, math.nan), overall.judged_count(name)
         guess = functools.cache(lambda name=name: shuffled().metrics.get(name, math.nan))
-        why = below_chance(rate, choice.meta, labels, recipe.data.classes, guess) if rows and math.isfinite(rate) else None
+        judged = rows and math.isfinite(rate)
+        why = below_chance(rate, choice.meta, labels, recipe.data.classes, guess) if judged else None
         if why is None:
             continue
         high = wilson(rate, rows)[1]

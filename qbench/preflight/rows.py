@@ -134,8 +134,8 @@ def _check_rows(
             got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
         except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
             raise RecipeError(recipe.source, _field(recipe),
-                              f"{_inputs(model, batch)}: the model ran on {size} rows but "
-                              f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
+                              f"{_inputs(model, batch)}: the model ran on {size} rows but failed when {how}: "
+                              f"{' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = rows_moved(name, values, got.get(name), picks, agreement)
             if seen is not None and (later := _rows_on_later_axis(values, got.get(name), picks)) is not None:
@@ -159,7 +159,8 @@ def _check_rows(
 
 
 def _check_repeatable(
-    recipe: Recipe, path: Path, model: ModelInfo, batch: int | None, session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
+    recipe: Recipe, path: Path, model: ModelInfo, batch: int | None,
+    session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
     outputs: Mapping[str, int], reference: Mapping[str, np.ndarray], agreement: Agreement,
 ) -> None:  # fmt: skip
     """RecipeError when the same rows fed again to the same session give other outputs, beyond the kernels' own
@@ -308,8 +309,8 @@ def _dropped_batch_axis(path: Path, name: str) -> str:
                 and (len(node.input) < 2 or not node.input[1])
                 and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
     cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes "
-             f"({squeezes[0].name or squeezes[0].output[0]!r}), which drop every axis of size 1, the batch's too at one row" if squeezes else
-             "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
+             f"({squeezes[0].name or squeezes[0].output[0]!r}), which drop every axis of size 1, the batch's too at "
+             "one row" if squeezes else "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
     return (f"output {name!r} drops its batch axis for a batch of one row ({cause}), so a batch of one row (a last "
             "batch, a served request) gives no row; expected one output row per input row at every batch size: "
             "squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
@@ -323,7 +324,8 @@ def _same(got: np.ndarray, expected: np.ndarray) -> bool:
 
 
 def _short(value: object) -> str:
-    text = np.array2string(np.asarray(value), threshold=6, precision=4) if np.ndim(value) else repr(np.asarray(value).item())
+    array = np.asarray(value)
+    text = np.array2string(array, threshold=6, precision=4) if np.ndim(value) else repr(array.item())
     return text if len(text) <= 60 else text[:57] + "..."
 
 

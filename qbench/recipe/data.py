@@ -229,7 +229,8 @@ class CsvSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
+    path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; "
+                            "relative to the recipe", ...)
     inputs: dict[str, _InputEntry] = Field(
         description="data column -> model input name, a text column -> {tokenizer: {...}}, or a column of image "
         "paths -> {image: {...}}"
@@ -301,7 +302,8 @@ class DataSpec(_Strict):
         paths = [self.path, *([self.calibration.path] if self.calibration.path is not None else [])]
         for option, kinds, fits in (("csv", ".csv/.tsv", _is_text_table),
                                     ("encoding", ".csv/.tsv/.jsonl/.ndjson", _is_text_file)):  # fmt: skip
-            if option in self.model_fields_set and getattr(self, option) is not None and not any(fits(p) for p in paths):
+            given = option in self.model_fields_set and getattr(self, option) is not None
+            if given and not any(fits(p) for p in paths):
                 calibration = f" and data.calibration.path {paths[1].name}" if len(paths) > 1 else ""
                 raise ValueError(f"{option}: describes {kinds} files, but data.path is {self.path.name}{calibration}; "
                                  "remove it")

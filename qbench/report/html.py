@@ -45,7 +45,8 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 .verdict.none { background: #f2f2f2; border-color: #888; }
 .panels { display: flex; flex-wrap: wrap; gap: 1em; }
 svg.panel { background: #fff; border: 1px solid #ddd; font-size: 11px; }
-.legend span { margin-right: 1.2em; } .swatch { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; }
+.legend span { margin-right: 1.2em; }
+.swatch { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; }
 table { border-collapse: collapse; margin-top: 0.5em; } th, td { border: 1px solid #ddd; padding: 0.3em 0.6em; }
 th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.ok { background: #c8e6c9; } td.near { background: #ffe0b2; } td.breach { background: #ffcdd2; font-weight: 600; }

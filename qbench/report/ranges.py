@@ -91,7 +91,8 @@ def range_view(results: SweepResults) -> RangeView | None:
         for r in analysis.clipping
     ]  # fmt: skip
     headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
-    clipping = Grid("Activations outside each variant's calibrated ranges", headers, rows, frozenset({2, 3})) if rows else None
+    title = "Activations outside each variant's calibrated ranges"
+    clipping = Grid(title, headers, rows, frozenset({2, 3})) if rows else None
     return RangeView(intro, [_limit_lines(c, scopes) for c in analysis.limits], unattributed, unanalysed, clipping,
                      [w.message for w in analysis.warnings])  # fmt: skip
 

@@ -214,7 +214,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:
-            cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
+            priced = choice.usd_per_million is not None
+            cost = f"${choice.usd_per_million:.4g} per million" if priced else "no price given"
             rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
             instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
             if choice.usd_per_million_at_rate is not None and rate and instances:

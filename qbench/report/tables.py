@@ -182,8 +182,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
-                footer + mixed_timing_machines(results) + contention_notes(results) + slower_than_reference_notes(results)
-                + notes.lines())  # fmt: skip
+                footer + mixed_timing_machines(results) + contention_notes(results)
+                + slower_than_reference_notes(results) + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:

@@ -61,7 +61,8 @@ def to_jsonable(value: Any) -> Any:
 
 def canonical_sha256(value: Any) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces) of a JSON value."""
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()).hexdigest()
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def content_digest(raw: dict[str, Any]) -> str:

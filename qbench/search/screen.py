@@ -40,7 +40,8 @@ def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int,
     for mask in slices.values():
         members = np.flatnonzero(mask)
         if len(members):
-            picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
+            spread = np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)
+            picked |= set(members[spread].tolist())
     return np.asarray(sorted(picked), dtype=int)
 
 

@@ -47,7 +47,8 @@ def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if not _holds_pickled_objects(exc):
-            raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+            raise RecipeError(recipe.source, "model.weights",
+                              f"cannot read {path}: {type(exc).__name__}: {exc}") from None
         raise RecipeError(
             recipe.source, "model.weights",
             f"{path} refused: it holds pickled Python objects, which could run code; "

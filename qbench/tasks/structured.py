@@ -69,7 +69,8 @@ def exact_rows(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     integers they are: through float64, ids past 2**53 merged, and a spread-relative tolerance (with its floor of
     FP16 ULPs at the values' magnitude, 2e9 at ids near 1e12) let ids 7919 apart agree."""
     rows = np.shape(outputs)[0]
-    return (np.asarray(outputs).reshape(rows, -1) == np.asarray(reference).reshape(rows, -1)).all(axis=1).astype(np.float64)
+    equal = np.asarray(outputs).reshape(rows, -1) == np.asarray(reference).reshape(rows, -1)
+    return equal.all(axis=1).astype(np.float64)
 
 
 class Structured(Task):

@@ -146,7 +146,8 @@ class TokenRows:
         everything = np.ones(outputs.shape[:2], dtype=bool)
         scored = everything if labels is None else metrics.scored_tokens(labels)
         shape = outputs.shape[:2]
-        reference_scores, scores = metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything)
+        reference_scores = metrics.token_scores(reference, everything)
+        scores = metrics.token_scores(outputs, everything)
         reference_predicted = metrics.top1(reference_scores, masked=masked).reshape(shape)
         predicted = metrics.top1(scores, masked=masked)
         if masked:

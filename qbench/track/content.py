@@ -255,8 +255,8 @@ def variant_tags(variant: VariantResult) -> dict[str, str]:
     serving = variant.serving
     if serving is not None and serving.budget_ms is not None and serving.simulated_requests:
         settled = "not settled" if serving.simulated_undecided else "settled"
-        tags["qbench.load_search"] = (f"{settled} at {serving.simulated_requests:,} simulated requests"
-                                      + (": the highest rate within the budget is claimed low" * serving.simulated_undecided))  # fmt: skip
+        claimed_low = ": the highest rate within the budget is claimed low" * serving.simulated_undecided
+        tags["qbench.load_search"] = f"{settled} at {serving.simulated_requests:,} simulated requests{claimed_low}"
     return tags
 
 

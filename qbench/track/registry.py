@@ -193,8 +193,9 @@ def register_best(
             aliases = _aliases(alias, [b for b in results.backends() if b in winners])
             for backend, variant in winners.items():
                 run_id, model_id = sources[backend]
+                p50_ms = variant.latency.at(batch_size).p50_ms  # type: ignore[union-attr]
                 tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
-                        f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
+                        f"qbench.p50_ms.b{batch_size}": f"{p50_ms:.4g}"}
                 # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
                 # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
                 version = None if created else _version_of(client, name, run_id, model_id)

@@ -65,7 +65,8 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
     plural = "s" * (threads != 1)
     binding = binding_quota(machine)  # the quota crowds them only where it binds
     if binding is not None and threads > binding:
-        return f"{threads} thread{plural} under a cgroup quota of {binding:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
+        pinned = f" ({affinity})" * bool(affinity)
+        return f"{threads} thread{plural} under a cgroup quota of {binding:.2f} CPUs{pinned}", True
     if threads <= cpus:
         return "", False
     limits = ", ".join(limit for limit in (affinity, f"cgroup quota {quota:.2f} CPUs" if quota else "") if limit)

@@ -218,7 +218,8 @@ def judge_rate(
     # seeds passed on 5,000 and 20,000. There one cycle can hold most of a run's requests over the budget (45,897 of
     # 1,280,000 at 3,980 req/s), so no bound over cycles shows a breach: two independent replays each with more than
     # TAIL_SHARE over it do
-    rare = rate_rps * (1 + RESOLUTION) >= replay.capacity_rps and throughput_falls(replay.service, replay.batcher.max_batch_size)
+    rare = (rate_rps * (1 + RESOLUTION) >= replay.capacity_rps
+            and throughput_falls(replay.service, replay.batcher.max_batch_size))
     confirmed_at = max_requests if rare else 0
     while True:
         before = replay.batches

@@ -127,7 +127,8 @@ class ShareOver:
 
     def __init__(self, arrivals_ms: np.ndarray, threshold_ms: float, overhead_ms: float = 0.0,
                  tail_share: float = TAIL_SHARE) -> None:  # fmt: skip
-        self._arrivals, self._threshold, self._overhead, self._share = arrivals_ms, threshold_ms, overhead_ms, tail_share
+        self._arrivals, self._threshold = arrivals_ms, threshold_ms
+        self._overhead, self._share = overhead_ms, tail_share
         self._batches = self._requests = self._over = 0
         self._first: int | None = None  # the first regeneration's request
 

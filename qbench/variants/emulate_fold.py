@@ -51,7 +51,8 @@ def fold_conv_batch_norms(
     folded: set[int] = set()  # the positions of the BatchNormalization nodes removed
     released: set[str] = set()  # initializers the folded pairs read: dropped below when nothing else does
     for index, bn in enumerate(graph.node):
-        conv = producer.get(bn.input[0]) if bn.op_type == "BatchNormalization" and bn.domain in ("", "ai.onnx") else None
+        is_norm = bn.op_type == "BatchNormalization" and bn.domain in ("", "ai.onnx")
+        conv = producer.get(bn.input[0]) if is_norm else None
         if (conv is None or readers[bn.input[0]] != 1 or bn.input[0] in outputs or len(bn.output) > 1
                 or _attribute(bn, "training_mode", 0) or {conv.name, bn.name} & set(keep)
                 or not (eligible(conv) and eligible(bn))

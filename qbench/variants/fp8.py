@@ -171,7 +171,8 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts, params) + default_notes(params) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
+        notes=tuple(_notes(inserted, counts, params) + default_notes(params) + calibrated.notes() + read_by_subgraphs
+                    + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
@@ -206,7 +207,9 @@ def e4m3_operand_matmuls(model: onnx.ModelProto) -> list[str]:
 
     def quantized_activation(name: str) -> bool:
         dq = producer.get(name)
-        return dq is not None and dq.op_type == "DequantizeLinear" and getattr(producer.get(dq.input[0]), "op_type", "") == "QuantizeLinear"
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return False
+        return getattr(producer.get(dq.input[0]), "op_type", "") == "QuantizeLinear"
 
     return [
         node.name for node in model.graph.node

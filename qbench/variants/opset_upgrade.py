@@ -87,7 +87,8 @@ def _convert_version(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     inputs = {value.name: value for value in converted.graph.input}
     for name, tensor in standins.items():
         kind = inputs[name].type.tensor_type if name in inputs else None
-        if kind is None or kind.elem_type != tensor.data_type or [d.dim_value for d in kind.shape.dim] != list(tensor.dims):
+        if (kind is None or kind.elem_type != tensor.data_type
+                or [d.dim_value for d in kind.shape.dim] != list(tensor.dims)):
             raise QbenchError(f"raising opset {default_opset(model)} to {minimum} (onnx's version converter) changed "
                               f"weight {name!r}; export the model at opset {minimum} or later")  # fmt: skip
     drop_standin_inputs(converted.graph, set(standins))

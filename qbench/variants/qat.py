@@ -203,7 +203,8 @@ class OnnxRuntimePlacement(X86InductorQuantizer):
         with nn.ReLU, not with torch.relu, and a grid before the ReLU also spans the negative half (QAT of an MLP lost
         up to 1.7 points of accuracy, three seeds). ONNX Runtime folds that activation into the Q after it."""
         users = list(node.users)
-        end = users[0] if len(users) == 1 and users[0].target in _ACTIVATIONS and _ANNOTATION not in users[0].meta else node
+        fused = len(users) == 1 and users[0].target in _ACTIVATIONS and _ANNOTATION not in users[0].meta
+        end = users[0] if fused else node
         if all(user.op == "output" for user in end.users):
             return  # the model's output: kept float
         if end is node:

@@ -165,4 +165,6 @@ def nested_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:
     """'; 4 MatMul only inside control-flow subgraphs ...' for a 'nothing to quantize' reason, '' with none there: a
     graph whose layers all sit in If/Loop/Scan bodies quantizes nothing whatever else its main graph holds."""
     inside = ", ".join(f"{count} {op}" for op, count in sorted(nested_nodes(model, op_types).items()))
-    return f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""
+    if not inside:
+        return ""
+    return f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float"
