@@ -294,7 +294,8 @@ def test_every_allowed_value_of_a_field_is_named_where_the_readme_writes_the_fie
             continue
         text = _field_passages(path, lines)
         missing += [f"{path}: {v!r}" for v in choices
-                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in _spellings(v))]  # fmt: skip
+                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text)
+                               for s in _spellings(v))]  # fmt: skip
     assert not missing, f"allowed values the documentation never names beside their field: {missing}"
 
 

@@ -252,7 +252,8 @@ def test_a_breach_timed_with_more_threads_than_a_fractional_quota_is_no_verdict(
     assert gate.exit_code == EXIT_UNUSABLE
     assert gate.problems == ("int8-fast@onnxruntime-cpu: SLO: a breach timed with 2 threads under a cgroup quota of "
                              "1.50 CPUs (affinity 8) is no verdict on the variant: re-run `qbench sweep` with "
-                             "latency.threads at most 1, or where 2 CPUs are allowed and nothing else runs",)  # fmt: skip
+                             "latency.threads at most 1, or where 2 CPUs are allowed and nothing else runs",
+                             )  # fmt: skip
     rounded_up = {**pod, "cpus": 2}  # recorded when a 1.5-CPU quota counted as 2 usable CPUs: still no verdict
     assert evaluate_gate(_crowded(_results(), "int8-fast", 2, rounded_up), GATE, slo=SLO).exit_code == EXIT_UNUSABLE
     assert evaluate_gate(_crowded(_results(), "int8-fast", 1, pod), GATE, slo=SLO).exit_code == EXIT_BREACH

@@ -360,7 +360,8 @@ CASES = [
                  "accuracy.overall.size: got 'many', expected a whole number >= 0", id="size-not-a-number"),
     # statuses qbench's own rules would not have produced
     pytest.param(edited(on_variant(INT8, status="skipped", error="cannot run", accuracy=None)), 2,
-                 f"{INT8}@{BACKEND}: status 'skipped', but {BACKEND} runs every int8", id="skipped-on-ort"),  # fmt: skip
+                 f"{INT8}@{BACKEND}: status 'skipped', but {BACKEND} runs every int8",
+                 id="skipped-on-ort"),  # fmt: skip
     pytest.param(edited(on_variant("fp32", status="skipped", error="cannot run", accuracy=None)), 2,
                  f"fp32@{BACKEND}: status 'skipped'", id="reference-skipped"),  # fmt: skip
     pytest.param(edited(on_variant(INT8, status="passed")), 2, "status got 'passed', expected one of",
@@ -389,9 +390,11 @@ CASES = [
                         flags=UNCHECKED), 2, f"fp16@{BACKEND}: latency: no point at batch size 4",
                  id="latency-batch-size-cut-inputs-unchecked"),  # fmt: skip
     pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(p50_ms=None)), 2,
-                 f"{INT8}@{BACKEND}: latency at batch 1: expected finite, non-negative times", id="latency-time-null"),  # fmt: skip
+                 f"{INT8}@{BACKEND}: latency at batch 1: expected finite, non-negative times",
+                 id="latency-time-null"),  # fmt: skip
     pytest.param(edited(lambda raw: variant(raw, INT8)["latency"]["points"][0].update(spread="0.01")), 2,
-                 "latency.points[0].spread: got '0.01', expected a number or null", id="latency-spread-as-text"),  # fmt: skip
+                 "latency.points[0].spread: got '0.01', expected a number or null",
+                 id="latency-spread-as-text"),  # fmt: skip
     pytest.param(edited(add_point(1)), 2, f"{INT8}@{BACKEND}: latency: 2 points at batch size 1, expected one per "
                  "batch size", id="latency-point-twice"),  # fmt: skip
     pytest.param(edited(add_point(16)), 2, f"{INT8}@{BACKEND}: latency: a point at batch size 16, which the sweep "
@@ -446,7 +449,8 @@ CASES = [
     pytest.param(edited(lambda raw: variant(raw, INT8)["accuracy"].update(nonfinite_outputs=-1)), 2,
                  "nonfinite_outputs: got -1", id="negative-nonfinite"),  # fmt: skip
     pytest.param(edited(on_scope(INT8, "band=small", nonfinite_outputs=90)), 2,
-                 "slice 'band=small': nonfinite_outputs 90, expected 0..75", id="slice-nonfinite-over-size"),  # fmt: skip
+                 "slice 'band=small': nonfinite_outputs 90, expected 0..75",
+                 id="slice-nonfinite-over-size"),  # fmt: skip
     # genuine breaches on consistent results: exit 1, naming the slice
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3)), 1, "band=small", id="nonfinite-breach"),
     pytest.param(edited(nonfinite_rows(INT8, "band=small", 3, nan_metric=True)), 1, "band=small",
@@ -488,7 +492,8 @@ CASES = [
     # the embedded recipe
     pytest.param(edited(forget_int8_in_recipe, signed=False), 2, "digest: does not match", id="recipe-edited-unsigned"),
     pytest.param(edited(both(forget_int8_in_recipe, lambda raw: raw.__setitem__("digest", content_digest(raw))), signed=False), 2,
-                 "recipe.resolved: does not match recipe.resolved_sha256", id="recipe-edited-file-resigned"),  # fmt: skip
+                 "recipe.resolved: does not match recipe.resolved_sha256",
+                 id="recipe-edited-file-resigned"),  # fmt: skip
     pytest.param(edited(forget_int8_in_recipe), 2, f"{INT8}@{BACKEND}: in the results but not asked for",
                  id="recipe-edited-resigned"),
     pytest.param(edited(lambda raw: raw["recipe"]["resolved"].__setitem__("backends", ["nope"])), 2,
@@ -511,7 +516,8 @@ CASES = [
                  "cannot check the results for staleness: data (", id="data-deleted"),  # fmt: skip
     pytest.param(input_changed("data/patients.parquet", Path.unlink, with_recipe=False,
                                flags=("--no-staleness-check",)),
-                 0, "inputs not checked for staleness (--no-staleness-check)", id="data-deleted-explicit-flag"),  # fmt: skip
+                 0, "inputs not checked for staleness (--no-staleness-check)",
+                 id="data-deleted-explicit-flag"),  # fmt: skip
     pytest.param(input_changed("model/tumour_mlp.onnx", flip_byte, with_recipe=True), 2,
                  "stale results: model (", id="model-changed-recipe"),  # fmt: skip
     pytest.param(input_changed("data/patients.parquet", relabel_first_row, with_recipe=True), 2,

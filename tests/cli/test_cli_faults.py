@@ -202,7 +202,8 @@ def closed_reader(*args: str, merged: bool = False) -> tuple[int, str]:
     """Run qbench with its stdout (and with `merged`, its stderr: `2>&1 | head -0`) read by nobody: the pipe is
     closed before the first line; returns the exit status and what came on stderr."""
     process = subprocess.Popen([sys.executable, "-m", "qbench.cli", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, env=qbench_env())  # fmt: skip
+                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+                               env=qbench_env())  # fmt: skip
     assert process.stdout is not None
     process.stdout.close()
     err = "" if merged or process.stderr is None else process.stderr.read()
@@ -362,7 +363,8 @@ def test_a_json_array_in_a_json_lines_file_is_one_line(project, tmp_path, capsys
     recipe = recipe_reading(project, tmp_path, data="rows.jsonl")
     assert main(["validate", str(recipe)]) == 2
     assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.jsonl: line 1 is an array; expected "
-                                  'one JSON object per line (JSON lines), such as {"x": [0.1, 0.2], "y": 1}')  # fmt: skip
+                                  'one JSON object per line (JSON lines), '
+                                  'such as {"x": [0.1, 0.2], "y": 1}')  # fmt: skip
 
 
 def test_a_utf16_csv_with_its_byte_order_mark_is_read(project, tmp_path, capsys):

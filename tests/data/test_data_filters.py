@@ -385,7 +385,8 @@ def test_a_date_in_a_local_form_is_refused_never_guessed(column: str, flt: dict)
     operand = operand[0] if isinstance(operand, list) else operand
     assert str(info.value) == (f"recipe.yaml: {FIELD}.{column}: got {operand!r}, a date not written as ISO 8601; "
                                "expected a date such as '2024-01-31' or a time such as '2024-01-31T12:30:00+02:00' "
-                               "(day and month orders differ between locales, so other forms are not guessed)")  # fmt: skip
+                               "(day and month orders differ between "
+                               "locales, so other forms are not guessed)")  # fmt: skip
 
 
 def test_a_text_that_is_no_date_against_iso_text_dates_is_refused_and_a_column_of_local_dates_names_a_cell() -> None:

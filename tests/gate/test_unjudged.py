@@ -39,7 +39,8 @@ F1 = {"metric": "micro_f1", "max_drop": 0.01, "max_slice_drop": 0.02}
 
 def _gate(spec: GateSpec, *variants: VariantResult) -> GateReport:
     results = SweepResults(qbench_version="0", created_at="", recipe={}, environment={}, calibration=None,
-                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(results, spec, expected=[(v.variant, v.backend) for v in variants])
 
 

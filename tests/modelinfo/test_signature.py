@@ -326,7 +326,8 @@ def test_a_clip_and_onnx_ml_classifiers_say_whether_scores_are_probabilities(tmp
     x = x.astype(np.float32)
     found = {}
     for estimator, zipmap in ((LogisticRegression(max_iter=500), True), (LogisticRegression(max_iter=500), False),
-                              (RandomForestClassifier(n_estimators=3, random_state=0), True), (LinearSVC(), None)):  # fmt: skip
+                              (RandomForestClassifier(n_estimators=3, random_state=0), True),
+                              (LinearSVC(), None)):  # fmt: skip
         options = {} if zipmap is None else {"zipmap": zipmap}
         onx = skl2onnx.to_onnx(estimator.fit(x, y), x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
         path = tmp_path / f"{type(estimator).__name__}{zipmap}.onnx"

@@ -218,7 +218,8 @@ def _fused_embedding_classifier() -> onnx.ModelProto:
         helper.make_node("Cast", ["segments"], ["segments32"], to=TensorProto.INT32),
         helper.make_node("EmbedLayerNormalization",
                          ["ids32", "segments32", "word", "position", "segment", "gamma", "beta"],
-                         ["vectors", "mask_index"], name="fused_embedding", domain="com.microsoft", epsilon=1e-5),  # fmt: skip
+                         ["vectors", "mask_index"], name="fused_embedding", domain="com.microsoft",
+                         epsilon=1e-5),  # fmt: skip
         helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
         helper.make_node("MatMul", ["pooled", "w"], ["logits"]),
     ]

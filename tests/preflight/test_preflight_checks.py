@@ -432,4 +432,5 @@ def test_validate_refuses_a_gnn_fed_a_graph_per_row_in_one_line(
     assert main(["validate", "--no-track", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: the model's inputs share no batch axis: "
-                           "x ['num_nodes', 3] leaves axis 0 dynamic, edge_index [2, 'num_edges'] fixes it; ")  # fmt: skip
+                           "x ['num_nodes', 3] leaves axis 0 dynamic, "
+                           "edge_index [2, 'num_edges'] fixes it; ")  # fmt: skip

@@ -28,7 +28,8 @@ def _model(*, ir: int = 8, opset: int = 17, custom_op: bool = False) -> onnx.Mod
         nodes.append(helper.make_node("Frobnicate", ["h"], ["logits"], domain="com.example"))
         opsets.append(helper.make_opsetid("com.example", 1))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [w])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [w])  # fmt: skip
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = ir
     return model

@@ -65,7 +65,8 @@ def _masked_mean(path: Path) -> Path:
             numpy_helper.from_array(np.array([1], np.int64), "tokens")]  # fmt: skip
     return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", FEATURES]),
                                helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "tokens"])],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *axes])  # fmt: skip
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                 [WEIGHT, *axes])  # fmt: skip
 
 
 def _linear(path: Path, batch: int | str) -> Path:

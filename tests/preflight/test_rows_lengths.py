@@ -29,7 +29,8 @@ ROWS_FED = RNG.normal(size=(ROWS, BOXES, FEATURES)).astype(np.float32)
 REMEDY = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
           "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be judged: "
           "evaluate the tensors before that step (the raw boxes and scores: save the model with them among its outputs "
-          "and name them in model.outputs), or export a fixed number per row (the top K, padded, with a count output)")  # fmt: skip
+          "and name them in model.outputs), or export a fixed "
+          "number per row (the top K, padded, with a count output)")  # fmt: skip
 
 
 def _constants(**values: list) -> list:

@@ -260,7 +260,8 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_a
     search = object.__new__(run._Search)
     search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=1.46, stage="evaluated", passed=True,
                                       excess=0.4),
-                      CandidateRecord("static", "ort-static", speedup=1.33, stage="screened", screen_excess=0.3)]  # fmt: skip
+                      CandidateRecord("static", "ort-static", speedup=1.33, stage="screened",
+                                      screen_excess=0.3)]  # fmt: skip
     search.fp32_timings = fp32_timings
     search.budget, search.refusal = Budget(60, lambda: 0.0, 3), lambda what, seconds, **_: None
     search.follows_batch = {}

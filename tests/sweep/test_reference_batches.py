@@ -47,7 +47,8 @@ def batch_four_model(batch: str | int = "batch") -> onnx.ModelProto:
     nodes = [helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(np.array([4, 4], np.int64))),
              helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "batch_four", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])], [weights])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])],
+                              [weights])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -57,7 +58,8 @@ def no_batch_model() -> onnx.ModelProto:
     index = numpy_helper.from_array(np.array([9, 10, 11], np.int64), "index")
     nodes = [helper.make_node("Gather", ["x", "index"], ["logits"], axis=1)]
     graph = helper.make_graph(nodes, "no_batch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [index])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [index])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -118,7 +118,8 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
 
 
 def test_a_resume_stopped_while_it_takes_over_the_finished_jobs_loses_none_of_them(
-        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """The first run measured everything; its resume, stopped after it had recorded only the builds it took over,
     was the newest run of the plan, so the next resume took up that one alone and measured everything again."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))

@@ -364,7 +364,8 @@ def test_a_model_with_a_fixed_batch_of_one(tmp_path, monkeypatch, capsys):
     sixteen = project(tmp_path / "sixteen", model, table(features, labels), data={"evaluation": {"batch_size": 16}})
     assert main(["validate", str(sixteen)]) == 2
     assert said("data.evaluation.batch_size: model input 'x' has a fixed batch dimension of 1 (shape [1, 4]), so it "
-                "runs batches of 1 only; expected data.evaluation.batch_size: 1 (now 16)", capsys.readouterr().err)  # fmt: skip
+                "runs batches of 1 only; expected data.evaluation.batch_size: 1 (now 16)",
+                capsys.readouterr().err)  # fmt: skip
     defaults = project(tmp_path / "defaults", model, table(features, labels))
     results, _ = run_all(defaults, capsys)
     plain = np.concatenate([plain_ort(tmp_path / "defaults" / "model.onnx", {"x": row[None]})["logits"]
@@ -384,7 +385,8 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     unnamed = project(tmp_path / "unnamed", model, table(features, names))
     assert main(["validate", str(unnamed)]) == 2
     assert said("'virginica' are not integer class ids (for class names, list them in the order of the model's score "
-                "columns in data.classes; a single score column stands for two classes", capsys.readouterr().err)  # fmt: skip
+                "columns in data.classes; a single score column stands for two classes",
+                capsys.readouterr().err)  # fmt: skip
     short = project(tmp_path / "short", model, table(features, names), data={"classes": ["virginica", "setosa"]})
     assert main(["validate", str(short)]) == 2
     assert said("data.classes: names 2 classes, output 'logits' has 3; expected one name per class, in column order",

@@ -89,7 +89,8 @@ def test_data_classes_must_agree_with_the_classes_the_graph_states(tmp_path, mon
                         data={"classes": ["zeta", "mid", "alpha"]})  # fmt: skip
     assert main(["validate", str(reordered)]) == 2
     assert said("reordered/recipe.yaml: data.classes: output 'probabilities' names its own classes in the graph "
-                "(alpha, mid, zeta); expected data.classes left out, or equal to them", capsys.readouterr().err)  # fmt: skip
+                "(alpha, mid, zeta); expected data.classes left out, or equal to them",
+                capsys.readouterr().err)  # fmt: skip
     same = project(tmp_path / "same", model, table(features, labels), data={"classes": ["alpha", "mid", "zeta"]},
                    variants=FP32_TWICE)  # fmt: skip
     results, _ = run_all(same, capsys)

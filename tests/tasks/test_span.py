@@ -302,7 +302,8 @@ def _span_gate(reference: dict, variant: dict, feeds: dict):
     variants = tuple(VariantResult(variant=name, backend="onnxruntime-cpu", precision=name[:4], status="ok", accuracy=a)
                      for name, a in zip(("fp32", "int8-a"), accuracy))  # fmt: skip
     results = SweepResults(qbench_version="0", created_at="", recipe={"name": "qa"}, environment={}, calibration=None,
-                           evaluation_rows=accuracy[0].rows, gate_metric="f1", reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=accuracy[0].rows, gate_metric="f1", reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(from_dict(json.loads(to_json(results))), GateSpec(metric="f1", unresolved="note")), accuracy[1]
 
 

@@ -68,7 +68,8 @@ def _segmentation_project(tmp_path, **changes):
                           "y": [row.tolist() for row in truth]})  # fmt: skip
     (tmp_path / "seg_metrics.py").write_text(METRIC_MODULE)
     recipe = {"task": "structured", "data": {"label": "y"},
-              "metrics": [{"name": "miou", "function": "seg_metrics:miou", "higher_is_better": True}], **changes}  # fmt: skip
+              "metrics": [{"name": "miou", "function": "seg_metrics:miou", "higher_is_better": True}],
+              **changes}  # fmt: skip
     return project(tmp_path, model, table, **recipe), images, truth
 
 

@@ -175,7 +175,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
     weight = numpy_helper.from_array(np.full((4, 1), 0.25, np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["score"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])], [weight])  # fmt: skip
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])],
+                              [weight])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
               str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(2).uniform(size=(40, 4)).astype(np.float32)

@@ -180,7 +180,8 @@ def test_untyped_tensors_contrib_ops_and_subgraphs_keep_the_symbolic_pass(graph,
                                [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     branched = helper.make_model(helper.make_graph(
-        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g", [x, cond], [y]))  # fmt: skip
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g", [x, cond],
+        [y]))  # fmt: skip
     assert typed_by_onnx_inference(branched) is None
     assert isinstance(typed_by_onnx_inference(onnx.load(str(_plain_matmul(graph, tmp_path)))), onnx.ModelProto)
 

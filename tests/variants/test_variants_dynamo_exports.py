@@ -61,7 +61,8 @@ def test_fp16_of_a_dynamo_export_without_its_optimizer_matches_torch(tmp_path):
                       dynamic_shapes={"x": {0: batch}})  # fmt: skip
     exported = onnx.load(str(path))
     assert any(a.name == "value_float" for node in exported.graph.node if node.op_type == "Constant"
-               for a in node.attribute), "the export no longer writes a value_float Constant: the case is gone"  # fmt: skip
+               for a in node.attribute), ("the export no longer writes a "
+                                          "value_float Constant: the case is gone")  # fmt: skip
     x = torch.randn(5, 6)
     with torch.no_grad():
         expected = module(x).numpy()

@@ -188,11 +188,13 @@ def test_a_graph_that_only_moves_and_selects_is_the_fp32_model(tmp_path, calibra
     rng = np.random.default_rng(0)
     calibration = [{"a": rng.normal(size=(16, 2)).astype(np.float32), "b": rng.normal(size=(16, 2)).astype(np.float32)}]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert built.params["quantized_op_types"] == {}
     assert built.notes == ("nothing to quantize (Q/DQ on ArgMax, Concat would only round data that ONNX Runtime moves, "
-                           "selects or computes in float: no integer arithmetic): the variant is the FP32 model",)  # fmt: skip
+                           "selects or computes in float: no integer arithmetic): the variant is the FP32 model",
+                           )  # fmt: skip
 
 
 def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
@@ -210,7 +212,8 @@ def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
     onnx.save(onx, str(path))
     calibration = [{"X": x[i : i + 32]} for i in range(0, 96, 32)]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert "no integer arithmetic" in built.params["unchanged"] and "Concat" in built.params["unchanged"]
 
@@ -242,7 +245,8 @@ def test_an_attention_block_is_int8_where_onnx_runtime_runs_integer_kernels(grap
     path = graph(tmp_path / "attention.onnx", nodes, weights, {"x": 8}, {"y": 8})
     calibration = [{"x": rng.normal(size=(8, 8)).astype(np.float32)} for _ in range(4)]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert not lowered_nothing(built.params) and "LayerNormalization" not in built.params["quantized_op_types"]
     assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path) > 0
 
@@ -356,7 +360,8 @@ def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precisi
     path = _rnn_classifier(tmp_path / f"{op}.onnx", op, rng, bias=bias)
     calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert built.params.get("float_recurrent") == left_float
     assert saved.count(op) == (left_float or {}).get(op, 0)  # counted from the saved graph
@@ -376,7 +381,8 @@ def test_a_recurrent_layer_inside_control_flow_is_counted_and_noted(tmp_path, pr
     path = _rnn_classifier(tmp_path / "branch.onnx", "LSTM", rng, bias=True, in_branch=True)
     calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = onnx.load(str(built.onnx_path))
     branches = [node for branch in saved.graph.node if branch.op_type == "If" for graph in
                 (helper.get_attribute_value(a) for a in branch.attribute) for node in graph.node]  # fmt: skip
@@ -422,7 +428,8 @@ def test_a_fused_contrib_layer_left_float_is_counted_and_noted(tmp_path, fused, 
     path = _fused_transformer_block(tmp_path / f"{fused}.onnx", fused, rng)
     calibration = [{"x": rng.normal(size=(16, 4, 8)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert saved.count(fused) == 1  # left float in the saved graph
     assert built.params["float_contrib"] == {f"{fused} (com.microsoft)": 1}
@@ -457,7 +464,8 @@ def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, 
              helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
              helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], constants)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+                              constants)  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION), str(tmp_path / "e.onnx"))
     calibration = [{"ids": rng.integers(0, 10, size=(16, 4)).astype(np.int32)} for _ in range(2)]

@@ -121,7 +121,8 @@ def _cnn() -> onnx.ModelProto:
     initializers = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
                     for k, v in weights.items()]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], initializers)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+                              initializers)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
 
 

@@ -125,7 +125,8 @@ def test_a_nearest_resize_10_mixing_up_and_downsampling_is_refused_in_one_line()
     """ONNX Runtime floors the source pixel on an upsampling axis and ceils it on a downsampling one: no single
     Resize-11 nearest_mode computes both."""
     with pytest.raises(QbenchError, match=r"^Resize node 'resize' \(opset 10, nearest\): its scales mix up- and "
-                                          r"downsampling axes[^\n]*; export the model at opset 11 or later$"):  # fmt: skip
+                                          r"downsampling axes[^\n]*; export "
+                                          r"the model at opset 11 or later$"):  # fmt: skip
         ensure_opset(resize_model("Resize", 10, "nearest", [1.0, 1.0, 0.6, 1.5]), 11)
 
 
@@ -224,7 +225,8 @@ def test_an_opset_upgrade_changing_the_graph_inputs_is_the_variants_one_line_err
     feeds = {"s0": np.zeros((2, 8), np.float32), "x": RNG.normal(size=(2, 5, 6)).astype(np.float32)}
     with pytest.raises(QbenchError,
                        match=rf"raising opset 8 to {opset} \(onnx's version converter\) changed graph input "
-                                          r"'s0' from float32\[2, 8\] to float32\[8\]; export the model at opset"):  # fmt: skip
+                                          r"'s0' from float32\[2, 8\] to "
+                                          r"float32\[8\]; export the model at opset"):  # fmt: skip
         build_variant(VariantSpec(name="v", **variant),
                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))  # fmt: skip
 

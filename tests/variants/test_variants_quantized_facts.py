@@ -79,7 +79,8 @@ def _conv_matmul(path: Path, rng: np.random.Generator) -> Path:
              helper.make_node("MatMul", ["f", "head"], ["y"], name="head")]  # fmt: skip
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
               str(path))  # fmt: skip
     return path
@@ -242,7 +243,8 @@ def test_a_lone_constant_at_the_far_end_of_its_range_is_not_called_7_bit(tmp_pat
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
              helper.make_node("Add", ["m", "b"], ["y"], name="add")]  # fmt: skip
     graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], constants)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+                              constants)  # fmt: skip
     path = tmp_path / "head.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
               str(path))  # fmt: skip
