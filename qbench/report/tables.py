@@ -1,8 +1,7 @@
 """Human-readable views of a sweep: rich tables for the console, and report.md.
 
-Each table is built once as a neutral `Grid` (headers, cells, footnotes) and
-rendered either as a rich Table or as a Markdown table, so the console and the
-report always show the same figures.
+Each table is built once as a neutral `Grid` (headers, cells, footnotes) and rendered either as a rich Table or as a
+Markdown table, so the console and the report always show the same figures.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """A PyTorch module as the FP32 source: import the factory, load a weights-only state_dict, export once.
 
-Trust model: the factory (`model.torch: package.module:factory`) is code the user
-chose to run, imported like any Python import with the recipe's folder first on
-`sys.path`. The weights are data, and data must not run code: they are read with
-`torch.load(weights_only=True)`, which refuses files holding pickled Python objects
-(a whole `torch.save(model)`); only a plain state_dict loads.
+Trust model: the factory (`model.torch: package.module:factory`) is code the user chose to run, imported like any Python
+import with the recipe's folder first on `sys.path`. The weights are data, and data must not run code: they are read
+with `torch.load(weights_only=True)`, which refuses files holding pickled Python objects (a whole `torch.save(model)`);
+only a plain state_dict loads.
 
-The FP32 reference is exported with the TorchScript exporter and cached in
-`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx` (`qbench.sources.torch_export`).
-The key hashes what the export depends on: the module's tensors after loading, the source files of every class in
-the module (its submodules' classes and their bases, wherever they are defined), every file of the user's project
-the process has imported once the module is built and has run (modules under the recipe's folder or the factory
-module's, so a helper forward() calls from another file; installed packages and the standard library are left
-out), the example shapes and dtypes, the output names, the opset and the torch version. Code outside the project
-(an installed package) is not in the key: a cached export is checked against forward() before it is reused, and
-exported again when it differs.
+The FP32 reference is exported with the TorchScript exporter and cached in `$QBENCH_CACHE_DIR` (default
+`~/.cache/qbench`) as `exports/<key>/model.onnx` (`qbench.sources.torch_export`). The key hashes what the export depends
+on: the module's tensors after loading, the source files of every class in the module (its submodules' classes and their
+bases, wherever they are defined), every file of the user's project the process has imported once the module is built
+and has run (modules under the recipe's folder or the factory module's, so a helper forward() calls from another file;
+installed packages and the standard library are left out), the example shapes and dtypes, the output names, the opset
+and the torch version. Code outside the project (an installed package) is not in the key: a cached export is checked
+against forward() before it is reused, and exported again when it differs.
 """
 
 from __future__ import annotations

@@ -1,30 +1,27 @@
 """NVIDIA ModelOpt as the quantizer of INT8 / FP8 variants (`quantizer: modelopt`).
 
-ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts
-fake quantizers from a preset (INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the
-alpha of the variant's `smoothquant:` block), calibrates them on the calibration batches, and the TorchScript exporter
-writes ONNX.
+ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts fake quantizers from a preset
+(INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the alpha of the variant's `smoothquant:` block),
+calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
 
-Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram
-calibrator on activations (per tensor only, so weights keep max). Its entropy search needs an
-integer format: FP8 takes minmax or percentile.
+Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram calibrator on
+activations (per tensor only, so weights keep max). Its entropy search needs an integer format: FP8 takes minmax or
+percentile.
 
-Exclusions: `exclude_nodes` names a torch module ("encoder.layer.3.output.dense") or a node of
-the FP32 export ("/encoder/layer.3/output/dense/MatMul": the TorchScript exporter names nodes
-after the module path). That module's quantizers and those inside it are disabled
-({"quantizer_name": "<module>.*", "enable": False}).
+Exclusions: `exclude_nodes` names a torch module ("encoder.layer.3.output.dense") or a node of the FP32 export
+("/encoder/layer.3/output/dense/MatMul": the TorchScript exporter names nodes after the module path). That module's
+quantizers and those inside it are disabled ({"quantizer_name": "<module>.*", "enable": False}).
 
-NaN/inf: under `data.nonfinite_inputs: keep`, a quantizer fed NaN or ±inf on calibration rows would get no finite
-amax (ModelOpt's max calibrator stops on an assertion, its histogram one in torch.histc) and, were it calibrated, its
-Q/DQ would write NaN as a number, so a model reading NaN as missing afterwards would take the present-value branch.
-The module owning such a quantizer is kept float, as the ONNX builds keep the nodes reading such a tensor
+NaN/inf: under `data.nonfinite_inputs: keep`, a quantizer fed NaN or ±inf on calibration rows would get no finite amax
+(ModelOpt's max calibrator stops on an assertion, its histogram one in torch.histc) and, were it calibrated, its Q/DQ
+would write NaN as a number, so a model reading NaN as missing afterwards would take the present-value branch. The
+module owning such a quantizer is kept float, as the ONNX builds keep the nodes reading such a tensor
 (`qbench.variants.nonfinite_scan`), named in the notes and `nonfinite_inputs_kept_fp32`.
 
-Export: INT8 is standard QuantizeLinear/DequantizeLinear, read by ONNX Runtime and TensorRT
-alike (`<name>.onnx`). FP8 uses TensorRT's `trt::TRT_FP8QuantizeLinear` / `TRT_FP8DequantizeLinear`:
-that file is kept as `<name>.trt.onnx` for TensorRT, and `<name>.onnx` is rewritten to standard
-float8e4m3fn Q/DQ (weights stored as float8) for ONNX Runtime's CPU simulation. FP8 is exported
-at opset 19 directly (bumping an opset-17 graph by hand broke ReduceL2: trials pitfall 7).
+Export: INT8 is standard QuantizeLinear/DequantizeLinear, read by ONNX Runtime and TensorRT alike (`<name>.onnx`). FP8
+uses TensorRT's `trt::TRT_FP8QuantizeLinear` / `TRT_FP8DequantizeLinear`: that file is kept as `<name>.trt.onnx` for
+TensorRT, and `<name>.onnx` is rewritten to standard float8e4m3fn Q/DQ (weights stored as float8) for ONNX Runtime's CPU
+simulation. FP8 is exported at opset 19 directly (bumping an opset-17 graph by hand broke ReduceL2: trials pitfall 7).
 """
 
 from __future__ import annotations
