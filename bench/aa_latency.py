@@ -73,7 +73,8 @@ def _mlp(dims: list[int], path: Path, rng: np.random.Generator) -> None:
             nodes.append(helper.make_node("Relu", [out + "_pre"], [out]))
         current = out
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", dims[0]])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", dims[-1]])], weights)  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", dims[-1]])],
+                              weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))
@@ -105,7 +106,8 @@ def make_recipes(folder: Path) -> list[Path]:
         _mlp(dims, model, rng)
         rows = 600
         pd.DataFrame({"x": list(rng.standard_normal((rows, dims[0])).astype(np.float32)),
-                      "label": rng.integers(0, dims[-1], rows), "split": np.where(np.arange(rows) < 200, "calib", "eval"),
+                      "label": rng.integers(0, dims[-1], rows),
+                      "split": np.where(np.arange(rows) < 200, "calib", "eval"),
                       "half": np.where(np.arange(rows) % 2 == 0, "a", "b")}).to_parquet(data)  # fmt: skip
         recipes.append(_recipe(folder, name, model, data, {"x": "x"}, "half"))
     return recipes
@@ -123,7 +125,8 @@ def rows_of(name: str, results) -> list[dict]:
             found.append({
                 "model": name, "variant": variant.variant, "batch": point.batch_size,
                 "speedup": theirs.p50_ms / point.p50_ms, "p99_ratio": theirs.p99_ms / point.p99_ms,
-                "spread": point.spread, "fp32_spread": theirs.spread, "margin": timing_margin(point.spread, theirs.spread),
+                "spread": point.spread, "fp32_spread": theirs.spread,
+                "margin": timing_margin(point.spread, theirs.spread),
                 "others_cpus": point.others_cpus, "fp32_others_cpus": theirs.others_cpus,
                 "false_faster": (point.batch_size, variant.variant) in frontier
                 and (point.batch_size, results.reference) not in frontier,
@@ -155,7 +158,8 @@ def main() -> None:
                         "beyond_margin": beyond, "false_faster": false_faster})  # fmt: skip
         print(f"{key[0]:13} {key[1]:7} {key[2]:>5} {min(speedups):8.3f} {statistics.median(speedups):7.3f} "
               f"{max(speedups):7.3f} {statistics.median(r['p99_ratio'] for r in group):16.3f} "
-              f"{statistics.median(r['margin'] for r in group):13.3f} {beyond:>8}/{len(group)} {false_faster:>7}/{len(group)}")  # fmt: skip
+              f"{statistics.median(r['margin'] for r in group):13.3f} {beyond:>8}/{len(group)} "
+              f"{false_faster:>7}/{len(group)}")  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
     print(f"written: {args.out}")

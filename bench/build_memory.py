@@ -3,9 +3,9 @@
 The model: a float32 MLP stack in the transformer's FFN shape (x -> MatMul up + Add -> Relu -> MatMul down + Add
 -> + x, `--blocks` times, width `--width`, 4x hidden), saved with external data (~200 MB at the defaults). Each
 build runs in a child process of its own: peak RSS is the child's VmHWM (what the kernel saw, protobuf's and
-ORT's native allocations included; ru_maxrss would start from the parent's size at fork), "written" its /proc/self/io write_bytes (bytes sent to the block layer by the
-build, the saved model and every temporary file included). The FP16 build also writes its CPU emulation
-(`<name>.emulated.onnx`), as a sweep scoring FP16 on CPU does.
+ORT's native allocations included; ru_maxrss would start from the parent's size at fork), "written" its /proc/self/io
+write_bytes (bytes sent to the block layer by the build, the saved model and every temporary file included). The FP16
+build also writes its CPU emulation (`<name>.emulated.onnx`), as a sweep scoring FP16 on CPU does.
 
     python bench/build_memory.py [--before /path/to/old/qbench/tree] [--blocks 6] [--width 1024] [--json out.json]
 
@@ -125,7 +125,8 @@ def main() -> None:
         for build in args.builds:
             results[build] = {label: measure(tree, build, model, args.width) for label, tree in trees.items()}
             row = "  ".join(f"{label}: " + (f"peak {r['peak_rss'] / 1e6:6.0f} MB  written {r['written'] / 1e6:6.0f} MB"
-                                              if "error" not in r else r["error"]) for label, r in results[build].items())  # fmt: skip
+                                              if "error" not in r else r["error"])
+                                              for label, r in results[build].items())  # fmt: skip
             print(f"{build:13s} {row}", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"model_bytes": size, "builds": results}, indent=2))

@@ -3,8 +3,8 @@ pass) and how often it breaches an honest one (false breach), over many seeds, w
 
 Each trial draws rows from a known population (labels, FP32's outputs, a variant's outputs), scores them with the
 sweep's own evaluation (qbench.validate.accuracy.evaluate_accuracy, with_drops), builds the SweepResults the sweep
-would write (through its JSON, as `qbench gate` reads it) and judges them with qbench.gate.evaluate.evaluate_gate under the
-default `gate.unresolved: fail`. A false pass is exit 0 for a variant whose population drop is 1.5x or 2x the
+would write (through its JSON, as `qbench gate` reads it) and judges them with qbench.gate.evaluate.evaluate_gate under
+the default `gate.unresolved: fail`. A false pass is exit 0 for a variant whose population drop is 1.5x or 2x the
 tolerance (overall, or on one slice); a false breach is exit 1 for a variant whose population drop is 0 (changes both
 ways at the same rate), negligible (rounding noise on its outputs) or a quarter of the tolerance (regression), counted
 per check.
@@ -92,7 +92,8 @@ def classification(n: int, classes: int, loss: float, gain: float, *, sliced: bo
     return draw
 
 
-def regression(n: int, worse: float, *, sliced: bool = False, targets: int = 1) -> Callable[[np.random.Generator], Trial]:
+def regression(n: int, worse: float, *, sliced: bool = False,
+               targets: int = 1) -> Callable[[np.random.Generator], Trial]:
     """FP32's errors N(0, 1) on labels N(0, 5²); the variant adds N(0, s) so its population MAE and RMSE are
     (1 + worse) times FP32's (on the rows of slice 'b' when `sliced`), on each of `targets` targets: its R² drops by
     ((1 + worse)² - 1) / 25."""

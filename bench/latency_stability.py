@@ -119,7 +119,8 @@ def main() -> int:
         table.add_column(column, justify="left" if column == "mode" else "right")
     for row in rows:
         table.add_row(str(row["batch_size"]), row["mode"], f"{statistics.median(row['p50_ms']):.4f}",
-                      f"{row['p50_cv']:.1%}", f"{row['mean_seconds']:.2f}", f"{statistics.median(row['iterations']):.0f}",
+                      f"{row['p50_cv']:.1%}", f"{row['mean_seconds']:.2f}",
+                      f"{statistics.median(row['iterations']):.0f}",
                       _stable_count(row["stable"]))  # fmt: skip
     console.print(table)
 

@@ -100,7 +100,8 @@ def p50_ms(sess: ort.InferenceSession, batch: dict[str, np.ndarray], warmup: int
     return float(np.percentile(durations, 50))
 
 
-def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray], args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray],
+                        args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     """Per contender and batch size: the p50 of every round and their median."""
     batches = {b: take_batch(feeds, b) for b in BATCH_SIZES}
     rounds: dict[str, dict[int, list[float]]] = {name: {b: [] for b in BATCH_SIZES} for name in models}
@@ -110,7 +111,8 @@ def interleaved_latency(models: dict[str, Path], feeds: dict[str, np.ndarray], a
             for b, batch in batches.items():
                 rounds[name][b].append(p50_ms(sess, batch, args.warmup, args.iterations))
             del sess
-        console.print(f"round {index + 1}/{args.rounds}: " + ", ".join(f"{n} {r[16][-1]:.1f} ms" for n, r in rounds.items()))
+        console.print(f"round {index + 1}/{args.rounds}: " + ", ".join(f"{n} {r[16][-1]:.1f} ms"
+                                                                       for n, r in rounds.items()))
     return {name: {f"b{b}": {"rounds_p50_ms": v, "p50_ms": statistics.median(v)} for b, v in per.items()}
             for name, per in rounds.items()}  # fmt: skip
 
@@ -159,7 +161,8 @@ def op_profile(path: Path, feeds: dict[str, np.ndarray], threads: int, runs: int
 
 
 def report(latency: dict[str, Any], cosines: dict[str, Any]) -> dict[str, Any]:
-    table = Table(title="all-MiniLM-L6-v2, seq 128: speed vs FP32 (median p50 of interleaved rounds) and cosine vs FP32")
+    table = Table(title="all-MiniLM-L6-v2, seq 128: speed vs FP32 (median "
+                        "p50 of interleaved rounds) and cosine vs FP32")
     for column in ("contender", "b1 ms", "b16 ms", "speed b1", "speed b16", "mean cos", "min cos", "worst slice"):
         table.add_column(column, justify="left" if column in ("contender", "worst slice") else "right")
     summary = {}
@@ -176,7 +179,8 @@ def report(latency: dict[str, Any], cosines: dict[str, Any]) -> dict[str, Any]:
         "speedup_b16": ours["speedup_b16"] >= GOAL["speedup_b16"],
         "mean_cosine": ours["mean_cosine"] >= GOAL["mean_cosine"],
         "slice_cosine": ours["worst_slice_cosine"] >= GOAL["slice_cosine"],
-        "beats_ort_defaults": all(ours["speedup_b16"] > summary[o]["speedup_b16"] and ours["mean_cosine"] > summary[o]["mean_cosine"]
+        "beats_ort_defaults": all(ours["speedup_b16"] > summary[o]["speedup_b16"]
+                                  and ours["mean_cosine"] > summary[o]["mean_cosine"]
                                   for o in ("ort-static", "ort-dynamic")),
     }  # fmt: skip
     console.print("goal: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goal.items()))
@@ -205,7 +209,8 @@ def main() -> int:
     cosines = accuracy(models, prepared, args.threads)
     latency = interleaved_latency(models, prepared.evaluation_feeds, args)
     outcome = report(latency, cosines)
-    profile = {n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")} if args.profile else None
+    profile = ({n: op_profile(models[n], prepared.evaluation_feeds, args.threads) for n in ("fp32", "qbench")}
+               if args.profile else None)
     write_record(args, started, {"goal": GOAL},
                  {**outcome, "latency": latency, "qbench_search": search, "profile": profile})  # fmt: skip
     return 0

@@ -376,7 +376,8 @@ def main() -> int:
     for row in overheads:
         if "mlflow_adds_s" in row:
             console.print(f"{row['demo']}, {row['how']}: MLflow adds {row['mlflow_adds_s']:.2f} s of wall time (median "
-                          f"paired difference); overhead counted that way: {row['overhead_by_difference']:.1%}")  # fmt: skip
+                          "paired difference); overhead counted that way: "
+                          f"{row['overhead_by_difference']:.1%}")  # fmt: skip
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"timing_fidelity": fidelity, "sweeps": overheads}, indent=2))

@@ -126,7 +126,8 @@ def main() -> None:
               "long_rows": int((feeds["attention_mask"].sum(1) == LONG).sum()), "rows": args.rows,
               "first_batch_width": int(first["input_ids"].shape[1]), "simulated_max_rate_rps": simulated,
               "timed_p50_ms": {str(k): float(np.median(v)) for k, v in samples.items()},
-              "timed_p99_ms": {str(k): float(np.percentile(v, 99)) for k, v in samples.items()}, "claims": {}}  # fmt: skip
+              "timed_p99_ms": {str(k): float(np.percentile(v, 99)) for k, v in samples.items()},
+              "claims": {}}  # fmt: skip
     for name, server in servers.items():
         claim = served_max_rate(server, simulated, args.budget_ms).max_rate_rps if simulated else None
         checks = []

@@ -10,10 +10,10 @@ default), per variant:
    same simulation from the timed back-to-back runs alone (qbench before gathering and idle starts
    were charged).
 2. Reality: qbench's open-loop server (qbench.validate.serve, the one the sweep checks its highest rate
-   with) on the same runner (ONNX Runtime, the recipe's threads): a client thread sends one-row requests at the Poisson arrival times of the same draws
-   (scaled to the rate), a batcher thread takes the oldest request once the model is free, waits until
-   the batch is full or that request has waited max_queue_delay_ms, concatenates the rows, runs them and
-   stamps each request's completion. Latency = completion - scheduled arrival (open loop: a late client
+   with) on the same runner (ONNX Runtime, the recipe's threads): a client thread sends one-row requests at the Poisson
+   arrival times of the same draws (scaled to the rate), a batcher thread takes the oldest request once the model is
+   free, waits until the batch is full or that request has waited max_queue_delay_ms, concatenates the rows, runs them
+   and stamps each request's completion. Latency = completion - scheduled arrival (open loop: a late client
    counts against the server), plus qbench's pre-processing per row, as the simulation adds it; the JSON
    also has it from the moment the client enqueued the request, and the client's lag.
 3. Service times at batch sizes the recipe never times: measured at intermediate sizes against
@@ -21,9 +21,9 @@ default), per variant:
    run) per size.
 
 Rates: fractions of qbench's capacity (full batches back to back at the mean service time), the recipe's rate and
-the same fractions of the real max rate within budget (where the server keeps up). Real max rate within budget: doubling then bisection
-over real runs, a rate failing when its p99 breaks the budget or the server falls behind (fewer than
-95 % of the rate served). The machine is shared: the load average before and after is recorded.
+the same fractions of the real max rate within budget (where the server keeps up). Real max rate within budget:
+doubling then bisection over real runs, a rate failing when its p99 breaks the budget or the server falls behind (fewer
+than 95 % of the rate served). The machine is shared: the load average before and after is recorded.
 
     python bench/serving_validation.py [--variants fp16,int8-entropy] [--fractions 0.25,0.5,0.75,0.9]
                                        [--requests 5000] [--out bench/out/serving_validation.json]
@@ -82,11 +82,13 @@ def real_figures(served: Served, overhead_ms: float, rate: float) -> dict[str, f
     # from when the client actually enqueued the request: what a server that stamps arrivals itself would report
     from_enqueue = np.percentile(served.latencies_ms - served.client_lag_ms + overhead_ms, [50, 99])
     return {"p50_ms": float(p50), "p99_ms": float(p99), "mean_batch_size": float(served.batch_sizes.mean()),
-            "achieved_rps": served.latencies_ms.size * 1000 / served.done_ms.max(), "keeps_up": served.keeps_up(rate).verdict is Verdict.PASS,
+            "achieved_rps": served.latencies_ms.size * 1000 / served.done_ms.max(),
+            "keeps_up": served.keeps_up(rate).verdict is Verdict.PASS,
             "client_lag_p50_ms": float(np.percentile(served.client_lag_ms, 50)),
             "client_lag_p99_ms": float(np.percentile(served.client_lag_ms, 99)),
             "from_enqueue_p50_ms": float(from_enqueue[0]), "from_enqueue_p99_ms": float(from_enqueue[1]),
-            "assembly_ms_mean": float(served.assembly_ms.mean()), "run_ms_mean": float(served.run_ms.mean())}  # fmt: skip
+            "assembly_ms_mean": float(served.assembly_ms.mean()),
+            "run_ms_mean": float(served.run_ms.mean())}  # fmt: skip
 
 
 def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], seed: int, batcher: Batcher, budget_ms: float,
@@ -116,7 +118,8 @@ def real_max_rate(runner: Runner, rows: dict[str, np.ndarray], seed: int, batche
     return low, runs
 
 
-def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe, samples: dict[int, np.ndarray]) -> list[dict[str, Any]]:
+def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe,
+                  samples: dict[int, np.ndarray]) -> list[dict[str, Any]]:
     """p50 service time measured at intermediate batch sizes against qbench's interpolation of the timed sizes."""
     timing = recipe.latency
     service = MeasuredServiceTimes(samples)
@@ -131,7 +134,8 @@ def service_check(runner: Runner, feeds: dict[str, np.ndarray], recipe: Recipe, 
     return rows
 
 
-def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractions: list[float], requests: int) -> dict[str, Any]:
+def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractions: list[float],
+                     requests: int) -> dict[str, Any]:
     backend = get_backend(recipe.backends[0])
     timing = recipe.latency
     settings = load_settings(recipe.slo, backend.name, timing.batch_sizes)
@@ -158,7 +162,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
         old_max = search_max_rate(back_to_back, serving.budget_ms, overhead_ms=overhead).max_rate_rps
         budget = serving.budget_ms
         real_max, real_runs = real_max_rate(runner, feeds, settings["seed"], batcher, budget, overhead,
-                                            start_rps=serving.simulated_max_rate_rps or replay.capacity_rps / 64)  # fmt: skip
+                                            start_rps=serving.simulated_max_rate_rps
+                                            or replay.capacity_rps / 64)  # fmt: skip
         rates = sorted({*(f * replay.capacity_rps for f in fractions), float(settings["rate_rps"] or 0),
                         *((f * real_max for f in fractions) if real_max else ())} - {0.0})  # fmt: skip
         rows = []
@@ -172,10 +177,12 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
             real["run_vs_timed"] = float(served.run_ms.sum() / timed.sum())
             rows.append({"rate_rps": rate, "of_capacity": rate / replay.capacity_rps,
                          "predicted": {"p50_ms": predicted.p50_ms, "p99_ms": predicted.p99_ms,
-                                       "mean_batch_size": predicted.mean_batch_size, "overloaded": predicted.overloaded},
+                                       "mean_batch_size": predicted.mean_batch_size,
+                                       "overloaded": predicted.overloaded},
                          "back_to_back": {"p50_ms": old.p50_ms, "p99_ms": old.p99_ms},
                          "real": real, "p50_ratio": real["p50_ms"] / predicted.p50_ms,
-                         "p99_ratio": real["p99_ms"] / predicted.p99_ms, "back_to_back_p50_ratio": real["p50_ms"] / old.p50_ms,
+                         "p99_ratio": real["p99_ms"] / predicted.p99_ms,
+                         "back_to_back_p50_ratio": real["p50_ms"] / old.p50_ms,
                          "back_to_back_p99_ratio": real["p99_ms"] / old.p99_ms})  # fmt: skip
         intermediate = service_check(runner, feeds, recipe, samples)
     finally:
@@ -193,7 +200,8 @@ def validate_variant(recipe: Recipe, prepared: Any, built: BuiltVariant, fractio
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median real/predicted ratios over the rates the real server was shown keeping up with (qbench.validate.keep_up)."""
+    """Median real/predicted ratios over the rates the real server was shown keeping up with
+    (qbench.validate.keep_up)."""
     kept = [row for row in rows if row["real"]["keeps_up"]]
     if not kept:
         return {"rates_kept_up": 0}
@@ -204,11 +212,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _table(figures: dict[str, Any], load: tuple[float, float]) -> Table:
-    title = (f"{figures['variant']}: capacity {figures['capacity_rps']:,.0f} req/s, budget {figures['budget_ms']:g} ms; "
-             f"max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
+    title = (f"{figures['variant']}: capacity {figures['capacity_rps']:,.0f} req/s, budget {figures['budget_ms']:g} "
+             f"ms; max rate within budget predicted {figures['predicted_max_rate_rps'] or 0:,.0f} "
              f"(back to back {figures['back_to_back_max_rate_rps'] or 0:,.0f}; reported after real runs "
              f"{figures['served_max_rate_rps'] or 0:,.0f}) vs real "
-             f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
+             f"{figures['real_max_rate_rps'] or 0:,.0f} req/s; "
+             f"load average {load[0]:.2f} -> {load[1]:.2f}")  # fmt: skip
     table = Table(title=title)
     for header in ("req/s", "of capacity", "p50 b2b", "p50 pred", "p50 real", "ratio b2b/pred", "p99 b2b", "p99 pred",
                    "p99 real", "ratio b2b/pred", "batch pred/real", "served req/s", "run real/timed",

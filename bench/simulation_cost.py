@@ -6,10 +6,10 @@ A digits-sized MLP (scikit-learn's MLPClassifier, 64 hidden units, exported with
 demo's recipe (FP32, FP16, INT8 static and dynamic; a 20 ms budget at 5,000 req/s, batches up to 32, 1 ms delay)
 while `--busy` processes spin on the CPUs, so its timed runs hold stalls as a loaded CI runner's do. Every search the
 sweep ran is recorded (its replay, budget and overhead) and run again, unbounded and bounded in turn, `--rounds`
-times; the table gives per search (one per variant, in the sweep's order) the rounds' median CPU seconds, the batches simulated, the simulations, the
-requests of the last round, the rate claimed and whether it settled, with the load average before and after.
-The unbounded search claims the lower of its last two rounds' rates where it does not settle (the old code claimed
-the last round's); its rounds, and so its cost, are the old code's.
+times; the table gives per search (one per variant, in the sweep's order) the rounds' median CPU seconds, the batches
+simulated, the simulations, the requests of the last round, the rate claimed and whether it settled, with the load
+average before and after. The unbounded search claims the lower of its last two rounds' rates where it does not settle
+(the old code claimed the last round's); its rounds, and so its cost, are the old code's.
 
     python bench/simulation_cost.py [--busy 3] [--rounds 3] [--out bench/out/simulation_cost.json]
 """
@@ -124,8 +124,8 @@ def main() -> int:
                       str(row["simulations"]), f"{row['requests']:,}", rate, str(row["settled"]))  # fmt: skip
     console.print(table)
     in_sweep = ", ".join(f"{s['in_sweep']['wall_s']:.2f} s ({s['in_sweep']['cpu_s']:.2f} s CPU)" for s in searches)
-    console.print(f"the sweep (bounded search): simulation {phases.get('simulation', 0.0):.2f} s of {phases['total']:.2f} s; "
-                  f"its searches {in_sweep}")  # fmt: skip
+    console.print(f"the sweep (bounded search): simulation {phases.get('simulation', 0.0):.2f} s of "
+                  f"{phases['total']:.2f} s; its searches {in_sweep}")  # fmt: skip
     return write_json(args.out, {"busy": args.busy, "rounds": args.rounds, "load_average": [load_before, load_after],
                                  "sweep_phases_s": phases, "in_sweep": [s["in_sweep"] for s in searches],
                                  "searches": rows}, console)  # fmt: skip

@@ -110,11 +110,13 @@ def _table(name: str, rows: list[dict[str, Any]], rate: float | None, budget: fl
         table.add_column(header, justify="right" if "$" in header or "ms" in header or "req" in header else "left")
     for row in rows:
         table.add_row(row["variant"], _fmt(row["p99_ms_at_rate"], ".3g"), _fmt(row["max_rate_rps"], ",.0f"),
-                      _fmt(row["usd_per_million_at_max_rate"], ".4g"), row["accuracy"], row["slo"], row["bound"] or "—")  # fmt: skip
+                      _fmt(row["usd_per_million_at_max_rate"], ".4g"), row["accuracy"], row["slo"],
+                      row["bound"] or "—")  # fmt: skip
     return table
 
 
-def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices: list[str], scratch: Path) -> dict[str, Any]:
+def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices: list[str],
+            scratch: Path) -> dict[str, Any]:
     recipe = load_recipe(_digits_assets(path, scratch) if path.name.startswith("digits") else path)
     recipe = with_prices(_reduced(recipe, limit, variants), prices)
     recipe = recipe.model_copy(update={"output_dir": scratch / "reports"})

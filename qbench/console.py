@@ -324,8 +324,9 @@ class RichProgress:
 
 SHOWN_IN_SUMMARY = "qbench_shown_in_summary"
 """The attribute (`logger.warning(note, extra={SHOWN_IN_SUMMARY: True})`) of a log record whose message is also one of
-the notes under the summary table that the command prints next (qbench.report.tables.print_summary): the console leaves the
-note to the table. Both printed it: the same 250-character warning twice, three lines apart, in every sweep's log."""
+the notes under the summary table that the command prints next (qbench.report.tables.print_summary): the console leaves
+the note to the table. Both printed it: the same 250-character warning twice, three lines apart, in every sweep's
+log."""
 
 
 class ConsoleLogHandler(logging.Handler):

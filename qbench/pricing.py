@@ -114,6 +114,7 @@ def with_prices(recipe: Recipe, prices: Sequence[str]) -> Recipe:
         except ValueError:
             price = math.nan
         if not (price > 0 and math.isfinite(price)):
-            raise QbenchError(f"--price {entry}: expected backend=USD per hour, a positive number (e.g. {backend}=0.10)")
+            raise QbenchError(f"--price {entry}: expected backend=USD per "
+                              f"hour, a positive number (e.g. {backend}=0.10)")
         merged[backend] = price
     return recipe.model_copy(update={"cost": CostSpec(price_per_hour=merged)}) if merged else recipe

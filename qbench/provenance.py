@@ -184,7 +184,8 @@ def input_digests(recipe: Recipe) -> dict[str, InputDigest]:
         if name.startswith(EXTERNAL_DATA_INPUT) and recipe.model_path is not None:  # as `qbench validate` says it
             if not path.exists():
                 raise RecipeError(recipe.source, "model.path", f"ONNX model {recipe.model_path} keeps its weights in "
-                                  f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in {recipe.model_path.parent}")  # fmt: skip
+                                  f"{name.removeprefix(EXTERNAL_DATA_INPUT)!r}, not found in "
+                                  f"{recipe.model_path.parent}")  # fmt: skip
         elif not path.exists():
             raise QbenchError(f"{recipe.source}: {name}: {path} not found")
     images = image_inputs(recipe)
@@ -272,7 +273,8 @@ def model_sha256(path: Path) -> str:
 def model_bytes(path: Path) -> int:
     """An ONNX model's size on disk: the model file and each of its external-data files (big models keep their
     weights there: the .onnx alone can be a few KB)."""
-    return path.stat().st_size + sum((path.parent / location).stat().st_size for location in external_data_locations(path))
+    return path.stat().st_size + sum((path.parent / location).stat().st_size
+                                     for location in external_data_locations(path))
 
 
 def recipe_record(recipe: Recipe) -> dict[str, Any]:
@@ -297,7 +299,8 @@ def recorded_recipe(record: Mapping[str, Any], results_file: Path) -> Recipe:
     if not isinstance(resolved, dict):
         raise QbenchError(f"{results_file}: recipe.resolved: missing: the results do not say what the recipe asked for")
     if record.get("resolved_sha256") != canonical_sha256(resolved):
-        raise QbenchError(f"{results_file}: recipe.resolved: does not match recipe.resolved_sha256 (edited after the sweep)")
+        raise QbenchError(f"{results_file}: recipe.resolved: does not match "
+                          "recipe.resolved_sha256 (edited after the sweep)")
     try:
         recipe = Recipe.model_validate(resolved)
     except ValidationError as exc:

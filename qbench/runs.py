@@ -116,7 +116,8 @@ def may_be_tracked(folder: Path) -> bool:
 def portable_store_uri(uri: str) -> str:
     """`uri` as a run folder records it: a local store's relative path made absolute (MLflow resolves it against the
     working directory of the sweep, which a later command need not share), and a password in it left out (a run
-    folder is a CI artifact; qbench.track.uri.run_store_uri takes the password back from the store the later command names)."""
+    folder is a CI artifact; qbench.track.uri.run_store_uri takes the password back from the store the later command
+    names)."""
     if uri.startswith("sqlite:///"):
         path, separator, query = uri.removeprefix("sqlite:///").partition("?")
         return "sqlite:///" + Path(path).resolve().as_posix() + separator + query if path else uri
@@ -145,11 +146,7 @@ def tracked_store(folder: Path) -> str | None:
 
 
 def _tracking(folder: Path) -> dict[str, object]:
-    try:
-        content = json.loads((folder / TRACKING_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
+    return _json_object(folder / TRACKING_FILE)
 
 
 def ran_supervised(folder: Path) -> bool:
@@ -164,8 +161,14 @@ def _write_marker(folder: Path, content: dict[str, object]) -> None:
 
 
 def _read_marker(folder: Path) -> dict[str, object]:
+    return _json_object(folder / INCOMPLETE_MARKER)
+
+
+def _json_object(path: Path) -> dict[str, object]:
+    """The JSON object a run's record file holds; {} where it is missing, unreadable or not an object (an older
+    qbench's folder, a write cut short): each reader treats that as "not recorded"."""
     try:
-        content = json.loads((folder / INCOMPLETE_MARKER).read_text())
+        content = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     return content if isinstance(content, dict) else {}

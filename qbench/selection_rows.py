@@ -7,11 +7,12 @@ static candidates were calibrated on, the choice favours them (and calibrators t
 small sample covers exactly its extremes) over dynamic ones, which saw none of those rows. So candidates are
 measured and chosen on *selection rows*, which neither the verdict nor any calibrator uses (split_calibration):
 rows of the calibration pool that were not drawn and are not evaluated, and rows left out of the evaluation only by
-`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer than half the calibration sample, part of the sample (seeded, in
-proportion to the slices) is kept apart from fitting to make up that half, and every variant is calibrated on the
-rest. The chosen variant is then measured on the evaluation rows like any other, and the gate judges it there.
-Without such rows (every calibration row is also evaluated and no other is left, or the gate metric needs labels the
-calibration file lacks) the choice is made on the evaluation rows and every record of it says so.
+`data.evaluation.limit` (in the evaluation's table: a calibration file lends only its own rows); where those are fewer
+than half the calibration sample, part of the sample (seeded, in proportion to the slices) is kept apart from fitting
+to make up that half, and every variant is calibrated on the rest. The chosen variant is then measured on the
+evaluation rows like any other, and the gate judges it there. Without such rows (every calibration row is also
+evaluated and no other is left, or the gate metric needs labels the calibration file lacks) the choice is made on the
+evaluation rows and every record of it says so.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def selection_rows(
                        named_some(unjudged))  # fmt: skip
     if len(rows) < FEW_SELECTION_ROWS:
         logger.warning("only %d rows to choose among candidates on (none fitted on, none evaluated): the choice rests "
-                       "on noisy figures; draw more calibration rows or leave more rows unevaluated", len(rows))  # fmt: skip
+                       "on noisy figures; draw more calibration rows or leave more rows unevaluated",
+                       len(rows))  # fmt: skip
     feeds = build_feeds(table, rows, data.inputs, model_inputs, recipe_file=recipe_file)
     # building the feeds found every fed column; an image column is digested by its files' bytes, as the gate's are
     fed_as = numeric_dtypes(model_inputs)
@@ -182,13 +184,15 @@ def chosen_on(selection: SelectionRows | None, evaluation_rows: int, too_small: 
         return (f"chosen on the {evaluation_rows} evaluation rows that also judge it: no row apart from the evaluation "
                 "and the calibration fit is left to choose on, or those rows carry no labels to choose by, so its "
                 "figures are the best of several tries on those rows and flatter it (hold calibration rows out: "
-                "data.calibration.overlap: hold_out, or calibration.path; give them the data.label column)")  # fmt: skip
+                "data.calibration.overlap: hold_out, or "
+                "calibration.path; give them the data.label column)")  # fmt: skip
     unsliced = f" (overall only there: {selection.why_unsliced})" if selection.why_unsliced else ""
     unseen = [f"none of them in {named_some(selection.unjudged)}"] if selection.unjudged else []
     unseen += [f"fewer than gate.min_slice_size of them in {named_some(too_small)}"] if too_small else []
     if unseen:
         unsliced = f", {' and '.join(unseen)} (the choice could not weigh a candidate there)"
-    few = f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})" if selection.count < FEW_SELECTION_ROWS else ""
-    return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated ({selection.from_sample} "
-            f"of them drawn for calibration and kept apart from fitting){few}{unsliced}; judged on the "
-            f"{evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip
+    few = (f", few enough to make the choice noisy (under {FEW_SELECTION_ROWS})"
+           if selection.count < FEW_SELECTION_ROWS else "")
+    return (f"chosen on {selection.count} rows no candidate was calibrated on and none evaluated "
+            f"({selection.from_sample} of them drawn for calibration and kept apart from fitting){few}{unsliced}; "
+            f"judged on the {evaluation_rows} evaluation rows, which took no part in choosing it")  # fmt: skip

@@ -63,7 +63,8 @@ def serving_figures(
         gpu_util_pct=float(gpu_util) if gpu_util is not None else None, cache_bytes=last_level_cache_bytes(),
         lookup_bytes=lookup_bytes,
     )  # fmt: skip
-    serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime), bound=bound)
+    serving = ServingResult(preprocess_ms_per_row=preprocess_ms_per_row, transfer_ms_b1=_transfer_ms(b1, runtime),
+                            bound=bound)
     if recipe.slo is not None:
         if server is None:
             raise QbenchError("serving figures with `slo:` need a real server to check the highest rate against")
@@ -155,7 +156,8 @@ def _with_load(
     or one that misses it): at a low rate a run of MIN_REQUESTS takes long (20 req/s: 10 s a variant) and says what
     the real runs at the higher rate already showed, while the simulation there models the batcher's waits; a
     search for the highest rate that its cost cut short (noisy timings: qbench.validate.load_search) skips nothing.
-    A run at the budget's rate that cannot tell whether the server keeps up is served again, longer (validate.serve.settling_runs)."""
+    A run at the budget's rate that cannot tell whether the server keeps up is served again, longer
+    (validate.serve.settling_runs)."""
     from qbench.backends import BACKENDS
     from qbench.backends.base import needs_gpu
     from qbench.validate.background import hand_over_beside_timing, settle_before_timing
@@ -178,10 +180,12 @@ def _with_load(
         search = search_max_rate(replay, budget.p99_ms, overhead_ms=overhead)
     with clock.within("track"):  # waiting for it is MLflow's cost, not inference
         settle_before_timing()  # idle again before the real serving runs are timed
-    served = served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead) if search.max_rate_rps is not None else None
+    served = (served_max_rate(server, search.max_rate_rps, budget.p99_ms, overhead)
+              if search.max_rate_rps is not None else None)
     served_at_rate = None
     # a search cut short by its cost stands in for no real run: the real run at the budget's rate is never skipped
-    if budget.rate_rps and (search.cut_short or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
+    if budget.rate_rps and (search.cut_short
+                            or not served_above(served.max_rate_rps if served else None, budget.rate_rps)):
         served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms)
         if served_at_rate.keep_up_undecided:  # too short to tell: once more, longer (the gate needs a verdict)
             served_at_rate = server(budget.rate_rps, overhead, budget.p99_ms, runs=settling_runs(served_at_rate))
@@ -209,7 +213,8 @@ def serving_metrics(variant: VariantResult) -> dict[str, float]:
         metrics["time.transfer_ms_b1"] = serving.transfer_ms_b1
     if serving.at_rate is not None:
         metrics |= {"load.p50_ms": serving.at_rate.p50_ms, "load.p95_ms": serving.at_rate.p95_ms,
-                    "load.p99_ms": serving.at_rate.p99_ms, "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
+                    "load.p99_ms": serving.at_rate.p99_ms,
+                    "load.mean_batch_size": serving.at_rate.mean_batch_size}  # fmt: skip
     if serving.budget_ms is not None:
         metrics["load.max_rate_rps"] = serving.max_rate_rps if serving.max_rate_rps is not None else 0.0
         metrics["load.simulated_requests"] = float(serving.simulated_requests)

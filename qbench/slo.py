@@ -90,8 +90,10 @@ def _judge_one(
         judged = p99_under_load(serving, budget.rate_rps, budget.p99_ms)
         if judged is None:
             return None, ("no real run at or above the budget rate met or missed it (served_at_rate, max_rate_rps"
-                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): re-run `qbench sweep` with this slo section")  # fmt: skip
-        recorded = {k: getattr(serving, k) for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
+                          f"{_met_looser(serving, budget.rate_rps, budget.p99_ms)}): "
+                          "re-run `qbench sweep` with this slo section")  # fmt: skip
+        recorded = {k: getattr(serving, k)
+                    for k in ("rate_rps", "max_batch_size", "max_queue_delay_ms", "requests", "seed")}
         if recorded != load_settings(slo, backend, batch_sizes):
             return None, f"results were simulated with other load settings ({recorded}): re-run `qbench sweep`"
         observed, behind = judged
@@ -103,8 +105,9 @@ def _judge_one(
         served = serving.served_at_rate
         if serving.at_rate_undecided and not behind and (served is None or within(served.p99_ms, budget.p99_ms)):
             return None, (f"the simulation at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether its "
-                          f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of them "
-                          "over it): budget a rate further from the instance's capacity, or a looser p99")  # fmt: skip
+                          f"p99 is within the budget ({serving.at_rate.requests:,} simulated requests, near 1 % of "
+                          "them over it): budget a rate further from "
+                          "the instance's capacity, or a looser p99")  # fmt: skip
         if within(observed, budget.p99_ms) and not behind and keep_up_undecided(serving):
             return None, (f"the real run at the budget's rate ({budget.rate_rps:,.4g} req/s) cannot tell whether one "
                           f"instance keeps up ({keep_up_undecided(serving)}): re-run `qbench sweep` on a machine "
@@ -150,17 +153,19 @@ def _remedy(result: VariantResult) -> str:
     if latency is None or not oversubscribed(latency):
         return "on a machine nothing else runs on"
     fit = threads_that_fit(latency.machine)
-    return f"with latency.threads at most {fit}, or " * (fit >= 1) + f"where {cpus_allowed(latency.threads)} and nothing else runs"
+    return f"with latency.threads at most {fit}, or " * (fit >= 1) + (f"where {cpus_allowed(latency.threads)} "
+                                                                      "and nothing else runs")
 
 
 def p99_under_load(serving: ServingResult, rate_rps: float, budget_ms: float | None = None) -> tuple[float, str] | None:
     """The p99 judged at `rate_rps` (the budget's, with `serving.at_rate` simulated there) and, when the instance
-    fell behind there (a breach whatever that p99: its queue grows), why ('' when it kept up): the worse of the simulation and the real server's run at the rate (the simulation models no
-    server's own work per request), or the simulation alone where real runs at a rate at least as high met the budget
-    (`budget_ms`, the one judged now; None: the one swept): runs that met a looser budget at the sweep stand for none
-    (a budget tightened from 10 to 6 ms since was judged on the simulated 5.5 ms alone, a pass);
-    None when neither real figure is recorded (nothing real to judge by). The gate judges every budgeted variant by
-    it, and the report the reference, which is never gated (qbench.report.serving.cheapest)."""
+    fell behind there (a breach whatever that p99: its queue grows), why ('' when it kept up): the worse of the
+    simulation and the real server's run at the rate (the simulation models no server's own work per request), or the
+    simulation alone where real runs at a rate at least as high met the budget (`budget_ms`, the one judged now; None:
+    the one swept): runs that met a looser budget at the sweep stand for none (a budget tightened from 10 to 6 ms since
+    was judged on the simulated 5.5 ms alone, a pass); None when neither real figure is recorded (nothing real to judge
+    by). The gate judges every budgeted variant by it, and the report the reference, which is never gated
+    (qbench.report.serving.cheapest)."""
     served = serving.served_at_rate
     if serving.at_rate is None or (served is None and not _met_above(serving, rate_rps, budget_ms)):
         return None

@@ -1,4 +1,5 @@
-"""The `qbench` command runs its work in a child process it watches, so that a native crash keeps the exit-code contract.
+"""The `qbench` command runs its work in a child process it watches, so that a native crash keeps the exit-code
+contract.
 
 ONNX Runtime, torch or ModelOpt can die of a signal on a model nobody here wrote (a segmentation fault while
 creating a session), and the out-of-memory killer sends SIGKILL: Python cannot catch either in the process that
@@ -146,11 +147,13 @@ def _verdict(args: Sequence[str], code: int, run: Path | None, finished: int | N
         return code
     if code in CODES:  # a library's exit() or os._exit() in user code: no verdict, whatever the status says
         return _say(f"qbench: error: the command's process ended with status {code} before qbench finished the "
-                    "command (exit() called inside a library or the recipe's own code), so it is no verdict")  # fmt: skip
+                    "command (exit() called inside a library or "
+                    "the recipe's own code), so it is no verdict")  # fmt: skip
     if passed_on:  # the signal passed on ended it before its own handling was in place (SIGHUP: none)
         return _say("qbench: error: interrupted")
     if code >= 0:
-        return _say(f"qbench: error: the command's process ended with status {code}, not a verdict{address_space_note()}")
+        return _say(f"qbench: error: the command's process ended with status {code}, not a "
+                    f"verdict{address_space_note()}")
     return _crashed(args, -code, run)
 
 

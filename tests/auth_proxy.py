@@ -1,6 +1,6 @@
 """An HTTP proxy in front of a real `mlflow server` that starts refusing every request (403 with an HTML page, as an
-auth proxy whose session expired does; or another status) from the first request whose path holds a given fragment; it counts what it
-refused. A helper module, not a conftest (see server_processes)."""
+auth proxy whose session expired does; or another status) from the first request whose path holds a given fragment; it
+counts what it refused. A helper module, not a conftest (see server_processes)."""
 
 from __future__ import annotations
 

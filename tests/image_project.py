@@ -32,10 +32,12 @@ def cnn(path: Path) -> None:
                numpy_helper.from_array(np.zeros(3, np.float32), "fcb")]  # fmt: skip
     nodes = [helper.make_node("Conv", ["pixels", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["g"]),
-             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fcb"], ["scores"])]  # fmt: skip
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fcb"], ["scores"])]  # fmt: skip
     graph = helper.make_graph(nodes, "cnn",
                               [helper.make_tensor_value_info("pixels", TensorProto.FLOAT, ["batch", 3, SIDE, SIDE])],
-                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])], weights)  # fmt: skip
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 3])],
+                              weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(path))

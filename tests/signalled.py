@@ -55,14 +55,15 @@ def run_signalled_importing(module: str, signum: int, *args: str, env: Mapping[s
 
 def run_signalled(hook: str, signum: int, *args: str, env: Mapping[str, str],
                   cwd: Path | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """`qbench ARGS` that receives `signum` right after `hook` (module:function or module:Class.method) returns, in the middle of the
-    command."""
+    """`qbench ARGS` that receives `signum` right after `hook` (module:function or module:Class.method) returns, in the
+    middle of the command."""
     module, attribute = hook.split(":")
     return subprocess.run([sys.executable, "-c", HOOK, module, attribute, str(int(signum)), *args],
                           capture_output=True, text=True, env=dict(env), cwd=cwd, timeout=120, check=False)  # fmt: skip
 
 
-def run_raising(hook: str, *args: str, env: Mapping[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_raising(hook: str, *args: str, env: Mapping[str, str],
+                cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`qbench ARGS` in which `hook` (module:function or module:Class.method) raises a RuntimeError once it returned."""
     module, attribute = hook.split(":")
     return subprocess.run([sys.executable, "-c", HOOK, module, attribute, "raise", *args],

@@ -10,7 +10,8 @@ from qbench.errors import MissingExtraError, QbenchError, environment_cause, exp
 
 
 def test_expected_one_of_lists_choices_sorted_and_suggests_the_nearest() -> None:
-    assert expected_one_of("labl", ["split", "label"]) == "got 'labl', expected one of label, split (did you mean 'label'?)"
+    assert expected_one_of("labl", ["split", "label"]) == ("got 'labl', expected one of label, "
+                                                           "split (did you mean 'label'?)")
 
 
 def test_choices_that_would_read_as_others_are_quoted() -> None:
@@ -114,7 +115,8 @@ def test_torchs_allocation_failures_are_out_of_memory() -> None:
         torch.empty(2**62, dtype=torch.uint8)
     assert not isinstance(cpu.value, MemoryError)
     assert environment_cause(cpu.value) == "out of memory"
-    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of 79 GiB")
+    cuda = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 "
+                                  "GiB. GPU 0 has a total capacity of 79 GiB")
     assert environment_cause(cuda) == "out of memory"
 
 
@@ -143,7 +145,8 @@ def test_an_unexpected_error_is_described_with_what_the_machine_ran_into(monkeyp
     import qbench.cli.gate as cli_gate
 
     monkeypatch.setattr(cli_gate, "address_space_note", lambda: "; ulimit -v lets this process map at most 195 MiB")
-    assert cli_gate.describe(MemoryError()) == "MemoryError (out of memory; ulimit -v lets this process map at most 195 MiB)"
+    assert cli_gate.describe(MemoryError()) == ("MemoryError (out of memory; ulimit -v "
+                                                "lets this process map at most 195 MiB)")
     assert cli_gate.describe(OSError(errno.ENOSPC, "No space left on device")) == (
         "OSError: [Errno 28] No space left on device (no space left on device)")
     assert cli_gate.describe(ValueError("bad value")) == "ValueError: bad value"  # a bug: as before
@@ -206,5 +209,6 @@ def test_one_line_joins_lines_but_keeps_the_spaces_of_a_quoted_value() -> None:
     """Every run of whitespace was made one space: a value of two spaces, or a node 'a  b', was shown otherwise."""
     from qbench.errors import one_line
 
-    assert one_line("no node named 'a  b'\n    (did you mean 'a  c'?)\t ") == "no node named 'a  b' (did you mean 'a  c'?)"
+    assert one_line("no node named 'a  b'\n    (did you mean 'a  c'?)\t ") == ("no node named 'a  b' "
+                                                                               "(did you mean 'a  c'?)")
     assert one_line("x \r\n\n  y\u2028z") == "x y z" and one_line("1\u00a0000") == "1\u00a0000"

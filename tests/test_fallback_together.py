@@ -22,9 +22,9 @@ def together_model(path: Path) -> Path:
 
     Each branch multiplies channel 0 by OUTLIER before its MatMul (whose weights undo it), so per-tensor INT8 rounds
     the other channels (all >= 1) to zero; their weights are negative, so the INT8 branch reads higher than FP32's
-    everywhere and the Max takes it: with one branch back in FP32 the Max still reads the other, and only both in FP32 recover the output.
-    `side` has a milder outlier: it and mm1 are nodes whose FP32 version alone helps, so a ranking by single
-    recoveries puts one of them first."""
+    everywhere and the Max takes it: with one branch back in FP32 the Max still reads the other, and only both in FP32
+    recover the output. `side` has a milder outlier: it and mm1 are nodes whose FP32 version alone helps, so a ranking
+    by single recoveries puts one of them first."""
     rng = np.random.default_rng(0)
     scale, branch = np.ones(WIDTH), -np.abs(rng.normal(size=(WIDTH, WIDTH))) / 4
     scale[0], branch[0, :] = OUTLIER, rng.normal(size=WIDTH) / 4 / OUTLIER
@@ -41,7 +41,8 @@ def together_model(path: Path) -> Path:
     nodes += [helper.make_node("Max", ["h_a", "h_b"], ["m"], name="join"),
               helper.make_node("Mul", ["x", "ss"], ["xs"], name="side_scale"),
               helper.make_node("MatMul", ["xs", "ws"], ["hs"], name="side"),
-              helper.make_node("Add", ["m", "hs"], ["h2"], name="sum"), helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]  # fmt: skip
+              helper.make_node("Add", ["m", "hs"], ["h2"], name="sum"),
+              helper.make_node("MatMul", ["h2", "w3"], ["y"], name="head")]  # fmt: skip
     graph = helper.make_graph(
         nodes, "together", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", WIDTH])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],

@@ -44,7 +44,8 @@ def test_every_entry_point_the_package_names_resolves_to_that_function():
 
 
 def test_recipe_gate_and_registries_load_no_heavy_sdk():
-    statement = "import qbench.recipe.spec, qbench.gate.evaluate, qbench.cli, qbench.variants, qbench.backends, qbench.results.schema"
+    statement = ("import qbench.recipe.spec, qbench.gate.evaluate, qbench.cli, "
+                 "qbench.variants, qbench.backends, qbench.results.schema")
     assert imported_after(statement) == []
 
 
@@ -115,8 +116,10 @@ def test_gate_loads_no_mlflow_for_a_run_folder_that_records_it_was_not_tracked(t
 
 
 @pytest.mark.parametrize("record", ['{"mlflow": true}\n', None])
-def test_gate_looks_in_an_existing_store_for_a_run_folder_that_may_be_tracked(tmp_path: Path, record: str | None) -> None:
-    """A run tracked, or one whose folder does not say (an older qbench's): its runs' gate tags are brought up to date."""
+def test_gate_looks_in_an_existing_store_for_a_run_folder_that_may_be_tracked(tmp_path: Path,
+                                                                              record: str | None) -> None:
+    """A run tracked, or one whose folder does not say (an older qbench's): its runs' gate tags are brought up to
+    date."""
     recipe = {**RECIPE, "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}}
     (tmp_path / "mlflow.db").write_bytes(b"")
     assert "mlflow" in gate_loads(recipe, record, tmp_path)

@@ -142,7 +142,8 @@ def test_inlined_nodes_are_named_after_their_call_site_nested_calls_and_subgraph
          helper.make_node("Outer", ["h0", "w"], ["h"], domain="local", name="/encoder/layer.1/Block"),
          helper.make_node("ReduceSum", ["h"], ["s"], keepdims=0), helper.make_node("Greater", ["s", "zero"], ["c"]),
          helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=otherwise, name="cond")],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [numpy_helper.from_array(W, "w"), numpy_helper.from_array(np.array(0, np.float32), "zero")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],

@@ -40,7 +40,8 @@ def _temperature_project(tmp_path: Path) -> Path:
          helper.make_node("Softmax", ["z"], ["probs"], axis=-1)], "temperature",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
          helper.make_tensor_value_info("t", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])], [numpy_helper.from_array(WEIGHT, "w")])  # fmt: skip
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 3])],
+        [numpy_helper.from_array(WEIGHT, "w")])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "model.onnx"))
     x = np.random.default_rng(1).normal(size=(96, 4)).astype(np.float32)
     z = x @ WEIGHT / 2.0

@@ -106,7 +106,8 @@ def test_gone_external_data_is_missing_against_the_current_recipe(project: Path)
         input_digests(recipe)
 
 
-def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_settled_file_is_digested_once_and_a_fresh_one_every_time(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A file last modified long before it is read is digested once while its size and time stay the same; a file
     written moments ago is read again each time (its time stamp may not move on a same-size rewrite)."""
     import os

@@ -1,6 +1,6 @@
 """The documentation (README.md and the pages under docs/, read as one: `docs_text`) matches the recipe schema: every
-key its YAML examples write is a field of the pydantic models (`qbench.recipe.spec.Recipe` and the sections under it), and
-every field of those models is named somewhere in it, in a YAML example or in the prose (a backticked
+key its YAML examples write is a field of the pydantic models (`qbench.recipe.spec.Recipe` and the sections under it),
+and every field of those models is named somewhere in it, in a YAML example or in the prose (a backticked
 `section.field`, or a field name no other field shares), so a field added, renamed or removed in the code cannot leave
 the documentation behind; every value a field allows by name is named where the documentation writes the field, and
 every `qbench` command and option is named (and none that does not exist). Its layout section ("How it is built",
@@ -294,7 +294,8 @@ def test_every_allowed_value_of_a_field_is_named_where_the_readme_writes_the_fie
             continue
         text = _field_passages(path, lines)
         missing += [f"{path}: {v!r}" for v in choices
-                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text) for s in _spellings(v))]  # fmt: skip
+                    if not any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", text)
+                               for s in _spellings(v))]  # fmt: skip
     assert not missing, f"allowed values the documentation never names beside their field: {missing}"
 
 
@@ -312,7 +313,8 @@ def _commands() -> dict[str, list[tuple[str, ...]]]:
             for name, sub in command.commands.items():
                 walk(sub, [*path, name])
             return
-        spellings = [tuple(o for o in (*p.opts, *getattr(p, "secondary_opts", ())) if o.startswith("--")) for p in command.params]
+        spellings = [tuple(o for o in (*p.opts, *getattr(p, "secondary_opts", ())) if o.startswith("--"))
+                     for p in command.params]
         found[" ".join(path)] = [s for s in spellings if s and s != ("--help",)]
 
     walk(typer.main.get_command(app), [])
@@ -349,5 +351,6 @@ def test_every_option_the_readme_writes_after_a_command_exists():
         if name is None:
             wrong.append(line)
             continue
-        wrong += [f"{line}: {o}" for o in re.findall(r"(?<!\S)(--[\w-]+)", line) if o not in {*itertools.chain(*commands[name]), "--help", "--debug"}]  # fmt: skip
+        wrong += [f"{line}: {o}" for o in re.findall(r"(?<!\S)(--[\w-]+)", line)
+                  if o not in {*itertools.chain(*commands[name]), "--help", "--debug"}]  # fmt: skip
     assert not wrong, f"documentation command lines naming a command or option that does not exist: {wrong}"

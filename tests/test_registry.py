@@ -415,7 +415,8 @@ def _gate_tags(swept: Swept) -> dict[str, dict[str, str]]:
     (parent,) = swept.client.search_runs([experiment], f"tags.`qbench.run_dir` = '{swept.run_dir}'")
     runs = swept.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     named = {"sweep": parent, **{run.data.tags["qbench.variant"]: run for run in runs}}
-    return {name: {k: v for k, v in run.data.tags.items() if k.startswith("qbench.gate")} for name, run in named.items()}
+    return {name: {k: v for k, v in run.data.tags.items() if k.startswith("qbench.gate")}
+            for name, run in named.items()}
 
 
 def test_a_later_gate_tags_the_tracked_runs_with_its_verdict_and_notes(

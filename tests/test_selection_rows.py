@@ -1,4 +1,5 @@
-"""Searches choose on selection rows (qbench.selection_rows) and the gate judges the pick on the evaluation rows only."""
+"""Searches choose on selection rows (qbench.selection_rows) and the gate judges the pick on the evaluation rows
+only."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def _recorded(monkeypatch, module):
-    """Every `measure` call `module` makes: (variant name, rows fed) where `rows` was given, else the evaluation rows."""
+    """Every `measure` call `module` makes: (variant name, rows fed) where `rows` was given, else the evaluation
+    rows."""
     calls = []
     real = module.measure
 
@@ -60,7 +62,8 @@ def test_the_int8_search_chooses_on_rows_the_gate_does_not_judge(tmp_path, monke
     assert calls and all(rows <= CALIBRATION_ROWS for _, rows in calls)  # no candidate ran on the evaluation rows
     assert any(rows == SELECTION_ROWS for name, rows in calls if name != "fp32")  # evaluated on every selection row
     assert report.selection_rows == SELECTION_ROWS
-    assert report.notes[0].startswith(f"chosen on {SELECTION_ROWS} rows no candidate was calibrated on and none evaluated")
+    assert report.notes[0].startswith(f"chosen on {SELECTION_ROWS} rows no candidate "
+                                      "was calibrated on and none evaluated")
     assert (outcome.results.calibration.size, outcome.results.calibration.selection_rows) == (FITTED_ROWS, SELECTION_ROWS)
     variant = outcome.results.find("int8-search", "onnxruntime-cpu")
     assert variant.params["search.chosen_on"] == "selection" and variant.accuracy.rows == EVALUATION_ROWS
@@ -325,7 +328,8 @@ def test_a_judged_slice_none_of_the_selection_rows_fall_in_is_named_where_the_ch
                                     "slices": [{"by": "kind"}]})  # fmt: skip
     meta = {"x": TensorMeta(name="x", dtype=np.dtype("float32"), shape=(None, 2))}
     got = selection_rows(data, table, CalibrationSplit(np.array([0]), np.array([2, 3, 5]), 0), {},
-                         judged=["kind=a", "kind=b"], model_inputs=meta, labels=lambda t, rows: t["label"].to_numpy()[rows],
+                         judged=["kind=a", "kind=b"], model_inputs=meta,
+                         labels=lambda t, rows: t["label"].to_numpy()[rows],
                          recipe_file=Path("r.yaml"))  # fmt: skip
     assert got is not None and list(got.slices) == ["kind=b"] and got.unjudged == ("kind=a",)
     said = chosen_on(got, 100)

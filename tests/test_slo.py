@@ -155,7 +155,8 @@ def test_the_cheapest_is_ranked_by_what_the_budgets_rate_costs_on_the_instances_
 
     def priced(variant, price, max_rate):
         costs = {"max_rate": usd_per_million(price, max_rate), "at_rate": usd_per_million_at_rate(price, 100.0, 1)}
-        return replace(variant, serving=replace(_serving(6.0, max_rate, 0.0), price_per_hour=price, usd_per_million=costs))
+        return replace(variant, serving=replace(_serving(6.0, max_rate, 0.0), price_per_hour=price,
+                                                usd_per_million=costs))
 
     fp32 = replace(_timed(make_variant("fp32", "fp32")), serving=_serving(30.0, 50.0, 2.0))
     ok = priced(_timed(make_variant("int8-ok", "int8")), 0.10, 200.0)
@@ -167,9 +168,11 @@ def test_the_cheapest_is_ranked_by_what_the_budgets_rate_costs_on_the_instances_
     assert gate.exit_code == EXIT_PASS
     assert cheapest(results, gate).variant.key == "int8-ok@onnxruntime-cpu"
     assert slo_lines(results, gate)[-1] == (
-        "cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu (up to 200 req/s within budget, $0.1389 per million "
-        "there; $0.2778 per million at the budget's 100 req/s on 1 instance)")  # fmt: skip
-    no_rate = [replace(v, serving=replace(v.serving, usd_per_million={"max_rate": v.serving.usd_per_million["max_rate"]}))
+        "cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu "
+        "(up to 200 req/s within budget, $0.1389 per million there; "
+        "$0.2778 per million at the budget's 100 req/s on 1 instance)")  # fmt: skip
+    no_rate = [replace(v, serving=replace(v.serving,
+                                          usd_per_million={"max_rate": v.serving.usd_per_million["max_rate"]}))
                if v.variant != "fp32" else v for v in results.variants]  # fmt: skip
     assert cheapest(replace(results, variants=tuple(no_rate)), gate).variant.key == "int8-fast@torch-cpu"
 
@@ -179,7 +182,8 @@ def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     results = _results(int8_p99=9.0)
     fast = results.find("int8-fast", "onnxruntime-cpu")
     overloaded = replace(fast.serving, at_rate=replace(fast.serving.at_rate, overloaded=True), max_rate_rps=80.0)
-    results = replace(results, variants=tuple(replace(v, serving=overloaded) if v is fast else v for v in results.variants))
+    results = replace(results, variants=tuple(replace(v, serving=overloaded) if v is fast else v
+                                              for v in results.variants))
     gate = evaluate_gate(results, GATE, slo=SLO)
     assert gate.exit_code == EXIT_BREACH and gate.status_of("int8-fast", "onnxruntime-cpu") == "fail"
     assert gate.status_of("int8-ok", "onnxruntime-cpu") == "pass"
@@ -188,14 +192,16 @@ def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     assert cheapest(results, gate).variant.variant == "int8-ok"
     fp32 = results.find("fp32", "onnxruntime-cpu")  # the reference is not gated: judged by cheapest() itself
     cheap_fp32 = replace(fp32.serving, at_rate=replace(_load(5.0), overloaded=True), usd_per_million={"max_rate": 0.01})
-    results = replace(results, variants=tuple(replace(v, serving=cheap_fp32) if v is fp32 else v for v in results.variants))
+    results = replace(results, variants=tuple(replace(v, serving=cheap_fp32) if v is fp32 else v
+                                              for v in results.variants))
     assert cheapest(results, gate).variant.variant == "int8-ok"
 
 
 def _loaded(results, variant: str, others_cpus: float, batch_size: int):
     """`results` with `variant` timed at `batch_size` while other processes kept `others_cpus` CPUs busy."""
     def loaded(v):
-        points = tuple(replace(p, others_cpus=others_cpus) if p.batch_size == batch_size else p for p in v.latency.points)
+        points = tuple(replace(p, others_cpus=others_cpus) if p.batch_size == batch_size else p
+                       for p in v.latency.points)
         return replace(v, latency=replace(v.latency, points=points))
     return replace(results, variants=tuple(loaded(v) if v.variant == variant else v for v in results.variants))
 
@@ -246,7 +252,8 @@ def test_a_breach_timed_with_more_threads_than_a_fractional_quota_is_no_verdict(
     assert gate.exit_code == EXIT_UNUSABLE
     assert gate.problems == ("int8-fast@onnxruntime-cpu: SLO: a breach timed with 2 threads under a cgroup quota of "
                              "1.50 CPUs (affinity 8) is no verdict on the variant: re-run `qbench sweep` with "
-                             "latency.threads at most 1, or where 2 CPUs are allowed and nothing else runs",)  # fmt: skip
+                             "latency.threads at most 1, or where 2 CPUs are allowed and nothing else runs",
+                             )  # fmt: skip
     rounded_up = {**pod, "cpus": 2}  # recorded when a 1.5-CPU quota counted as 2 usable CPUs: still no verdict
     assert evaluate_gate(_crowded(_results(), "int8-fast", 2, rounded_up), GATE, slo=SLO).exit_code == EXIT_UNUSABLE
     assert evaluate_gate(_crowded(_results(), "int8-fast", 1, pod), GATE, slo=SLO).exit_code == EXIT_BREACH
@@ -443,7 +450,8 @@ def test_the_serving_table_marks_emulated_latency_and_names_the_columns():
 def test_the_serving_table_shows_no_p99_at_an_overloaded_rate_and_rates_within_budget_rounded_down():
     """At a rate above what one instance sustains the queue grows without bound: the finite simulation's p99 (9 ms
     over 5,000 requests) is no figure of that rate, so the cell says overloaded. A rate within budget of 227,530.6
-    req/s is shown 227,530 (3 significant digits showed 2.28e+05, above the rate found), 99.96 req/s as 99.9 (not 100)."""
+    req/s is shown 227,530 (3 significant digits showed 2.28e+05, above the rate found), 99.96 req/s as 99.9 (not
+    100)."""
     from qbench.report.serving import serving_table
 
     results = _results(int8_p99=9.0)
@@ -683,7 +691,8 @@ def test_the_reference_is_not_the_cheapest_where_its_real_server_missed_the_budg
     gate = evaluate_gate(results, GATE, slo=SLO)
     for served in (_load(30.0), replace(_load(5.0), overloaded=True), None):
         missed = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=served, usd_per_million={"max_rate": 0.01})
-        judged = replace(results, variants=tuple(replace(v, serving=missed) if v is fp32 else v for v in results.variants))
+        judged = replace(results, variants=tuple(replace(v, serving=missed) if v is fp32 else v
+                                                 for v in results.variants))
         assert cheapest(judged, gate).variant.variant == "int8-fast"
     met = replace(fp32.serving, at_rate=_load(5.0), served_at_rate=_load(6.0), usd_per_million={"max_rate": 0.01})
     judged = replace(results, variants=tuple(replace(v, serving=met) if v is fp32 else v for v in results.variants))
@@ -697,7 +706,8 @@ def test_a_breach_by_a_real_server_that_fell_behind_says_so_not_that_its_p99_was
     ok = results.find("int8-ok", "onnxruntime-cpu")
     behind = replace(_load(5.0), overloaded=True, achieved_rps=81.5)
     ok_behind = replace(ok.serving, at_rate=_load(5.0), served_at_rate=behind)
-    results = replace(results, variants=tuple(replace(v, serving=ok_behind) if v is ok else v for v in results.variants))
+    results = replace(results, variants=tuple(replace(v, serving=ok_behind) if v is ok else v
+                                              for v in results.variants))
     gate = evaluate_gate(results, GATE, slo=SLO)
     assert gate.status_of("int8-ok", "onnxruntime-cpu") == "fail"
     line = next(line for line in slo_lines(results, gate) if "int8-ok" in line)

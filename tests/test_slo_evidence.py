@@ -106,7 +106,8 @@ def test_per_backend_budgets_at_different_rates_are_ranked_at_their_highest_rate
     results = make_sweep([fp32, ok, fp32_torch, fast])
     results = replace(results, recipe={**results.recipe, **BUDGET_SIZES})
     gate = evaluate_gate(results, GATE, slo=slo)
-    assert {(c.variant, c.status) for c in gate.checks if c.scope == "slo"} == {("int8-ok", "pass"), ("int8-fast", "pass")}
+    assert {(c.variant, c.status) for c in gate.checks if c.scope == "slo"} == {("int8-ok", "pass"),
+                                                                                ("int8-fast", "pass")}
     assert fast.serving.usd_per_million["at_rate"] < ok.serving.usd_per_million["at_rate"]
     assert cheapest(results, gate).variant.key == "int8-ok@onnxruntime-cpu"
 

@@ -1,4 +1,5 @@
-"""The sweep's load figures when the search for the highest rate is cut short by its cost (qbench.serving._with_load)."""
+"""The sweep's load figures when the search for the highest rate is cut short by its cost
+(qbench.serving._with_load)."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@
 nncf: NNCF post-training quantization of the ONNX graph (transformer model type), on the given
 calibration feeds. modelopt: NVIDIA ModelOpt INT8 SmoothQuant of the PyTorch encoder (the
 all-MiniLM-L6-v2 weights package, first `--encoder-layers` layers, mean pooling, L2 normalisation),
-LayerNorm left unquantized, calibrated on the same feeds, exported with the TorchScript exporter as Q/DQ ONNX. Prints one JSON
-line: {"seconds": ..., "version": ...}. Imports nothing from qbench.
+LayerNorm left unquantized, calibrated on the same feeds, exported with the TorchScript exporter as Q/DQ ONNX. Prints
+one JSON line: {"seconds": ..., "version": ...}. Imports nothing from qbench.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def _encoder(layers: int):  # noqa: ANN202 - torch is imported inside
             self.bert = bert
 
         def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN202
-            states = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids).last_hidden_state
+            encoded = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            states = encoded.last_hidden_state
             weights = attention_mask.unsqueeze(-1).to(states.dtype)
             return torch.nn.functional.normalize((states * weights).sum(1) / weights.sum(1).clamp(min=1e-9), dim=1)
 
@@ -85,7 +86,8 @@ def modelopt_smoothquant(layers: int, calibration: Path, out: Path) -> str:
     example = tuple(batches[0][k][:2] for k in INPUTS)
     with torch.no_grad():
         torch.onnx.export(model, example, str(out), dynamo=False, opset_version=17, input_names=list(INPUTS),
-                          output_names=["embedding"], dynamic_axes={k: {0: "batch"} for k in (*INPUTS, "embedding")})  # fmt: skip
+                          output_names=["embedding"], dynamic_axes={k: {0: "batch"}
+                                                                    for k in (*INPUTS, "embedding")})  # fmt: skip
     return modelopt.__version__
 
 

@@ -100,7 +100,8 @@ class TorchRunner:
         self._last_inputs: list[torch.Tensor] = []  # the last batch run
         self._seen_signatures: set[tuple[Any, ...]] = set()
         self._compile_ms = 0.0
-        self._fidelity = fidelity or Fidelity()  # what the load knew; a run that computed nothing in the type adds to it
+        # what the load knew; a run that computed nothing in the type adds to it
+        self._fidelity = fidelity or Fidelity()
 
     def _live(self) -> torch.nn.Module:
         if self._module is None:
@@ -196,7 +197,9 @@ class TorchRunner:
             array = np.array(array, order="C")
         tensor = torch.from_numpy(array)
         dtype = self._float_dtype if tensor.is_floating_point() else tensor.dtype
-        return tensor if dtype == tensor.dtype and self._device == "cpu" else tensor.to(device=self._device, dtype=dtype)
+        if dtype == tensor.dtype and self._device == "cpu":
+            return tensor
+        return tensor.to(device=self._device, dtype=dtype)
 
     def describe(self) -> dict[str, Any]:
         """What runs; on CUDA also the GPU utilisation and memory sampled since load."""
@@ -342,7 +345,8 @@ class TorchBackend:
         simulation of quantization (fake-quant, Q/DQ in float) has neither native accuracy nor latency; a
         precision this device has no native kernels for computes in its type (accuracy native) at a speed that is
         not the format's (latency emulated)."""
-        if _is_fake_quant(variant) or (variant.precision in ("int8", "fp8") and quantized_linear_layers(module)[0] == 0):
+        if _is_fake_quant(variant) or (variant.precision in ("int8", "fp8")
+                                       and quantized_linear_layers(module)[0] == 0):
             return Fidelity(EMULATED, EMULATED, self.kernels(variant, module))
         caveat = self.caveat(variant.precision)
         return Fidelity(NATIVE, EMULATED, caveat.strip(" ;()")) if caveat else Fidelity()
@@ -408,7 +412,8 @@ def _counted_dtype(variant: BuiltVariant, module: torch.nn.Module) -> str | None
     None for FP32 and for a builder's own simulated or fake-quant module (it computes in float by design)."""
     if variant.precision in _HALF_DTYPES:
         return _HALF_DTYPES[variant.precision]
-    torchao = variant.precision in _TORCHAO_DTYPES and not _is_fake_quant(variant) and quantized_linear_layers(module)[0]
+    torchao = (variant.precision in _TORCHAO_DTYPES and not _is_fake_quant(variant)
+               and quantized_linear_layers(module)[0])
     return _TORCHAO_DTYPES[variant.precision] if torchao else None
 
 

@@ -125,7 +125,8 @@ def mixed_precision_label(precision: str, dtype: str, ops: dict[str, Counter[str
     others = sorted(d for d in counts if d != dtype)
     if counts.get(dtype, 0) == 0:
         where = ", ".join(others) or "no float type"
-        return f"{precision} requested, but no op computed in {dtype} ({total} ops in {where}): the figures are not {precision}'s"
+        return (f"{precision} requested, but no op computed in {dtype} "
+                f"({total} ops in {where}): the figures are not {precision}'s")
     if not others:
         return precision
     parts = [f"{counts[d]} of {total} ops in {d} ({', '.join(sorted(ops[d])[:5])})" for d in others]

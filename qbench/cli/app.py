@@ -74,13 +74,14 @@ AliasOption = Annotated[
                                 "default candidate)", show_default=False)  # fmt: skip
 ]
 NoRegisterOption = Annotated[bool, typer.Option("--no-register", help="register nothing, whatever the recipe says")]
+TrackOption = Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")]
 
 
 @app.command()
 def sweep(
     recipe: RecipeArg,
     gate: Annotated[bool, typer.Option("--gate", help="also run the gate; exit 1 if any variant breaches")] = False,
-    track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
+    track: TrackOption = True,
     price: Annotated[
         Optional[list[str]], typer.Option("--price", help="backend=USD per hour, for cost per inference (repeatable)")
     ] = None,
@@ -271,7 +272,7 @@ def explain(
     max_nodes: Annotated[
         Optional[int], typer.Option(min=1, help="measure only the N noisiest groups (by SQNR)")
     ] = None,
-    track: Annotated[bool, typer.Option("--track/--no-track", help="log to MLflow")] = True,
+    track: TrackOption = True,
 ) -> int:
     """Rank an INT8 variant's quantized nodes by what each costs the gate metric, overall and on the worst slice."""
     from qbench.explain.sensitivity import explain_table, run_explain

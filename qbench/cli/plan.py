@@ -27,8 +27,8 @@ def print_plan(recipe: Recipe, *, rerun_failed: bool) -> None:
         table.add_column(column)
     for row in overview.rows:
         table.add_row(escape(row.job), row.needs, escape(row.after), row.resume.action, escape(row.resume.why))
-    out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor {escape(overview.executor)}, "
-              f"builds stored in {escape(overview.store)}")  # fmt: skip
+    out.print(f"plan {overview.plan.fingerprint[:12]}: {len(overview.rows)} jobs on executor "
+              f"{escape(overview.executor)}, builds stored in {escape(overview.store)}")  # fmt: skip
     print_wide(table, out)
     if overview.refused:
         out.print(escape(f"{overview.refused} (the column says what it would reuse from the build store alone)"))

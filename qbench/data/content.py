@@ -25,9 +25,9 @@ def content_table(
     unread: Mapping[str, bool] | None = None, dtypes: Mapping[str, np.dtype] | None = None,
 ) -> pd.DataFrame:  # fmt: skip
     """`table` with its image and text input columns replaced by their content as fed (of `rows` only, where given:
-    decoding and tokenizing are the costly part), and the columns feeding `unread` model inputs (those whose values no output
-    is computed from, each with whether its shape is: preflight_checks.unread_inputs) emptied, or replaced by each
-    cell's shape where the shape is read: rows differing only there feed every output the same (an id column a
+    decoding and tokenizing are the costly part), and the columns feeding `unread` model inputs (those whose values no
+    output is computed from, each with whether its shape is: preflight_checks.unread_inputs) emptied, or replaced by
+    each cell's shape where the shape is read: rows differing only there feed every output the same (an id column a
     pipeline's export keeps as an input and drops, or reads the batch size of), so they are one input; a shape read
     still tells cells of other lengths apart. A column of numbers feeding a model input of `dtypes` (model input ->
     the numeric type it is fed as: `numeric_dtypes`) is cast to it, as the feed casts it (as_fed; a column of arrays

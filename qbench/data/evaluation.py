@@ -4,8 +4,8 @@ One derivation for the sweep (qbench.preflight) and the gate, which re-derives t
 sizes to check results against: the evaluation filter, then the NaN/inf input policy (with
 `data.nonfinite_inputs: drop` such rows are left out; with `keep` each input column holding some makes a
 `missing:<column>` slice after the recipe's), then the calibration sample held out (when a variant
-is fitted on it and it comes from the same table: `data.calibration.overlap: hold_out`), then the limit; `by` slices are made from the
-values those rows hold (a value only calibration rows hold is no slice). Any other derivation would
+is fitted on it and it comes from the same table: `data.calibration.overlap: hold_out`), then the limit; `by` slices
+are made from the values those rows hold (a value only calibration rows hold is no slice). Any other derivation would
 let the two disagree on valid results.
 """
 
@@ -69,11 +69,12 @@ class EvaluationRows:
 def text_columns(
     data: DataSpec, *, label_names: bool, model_inputs: Mapping[str, TensorMeta] | None = None
 ) -> tuple[str, ...]:  # fmt: skip
-    """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by` columns
-    and the calibration's stratify_by and group_by columns ("007" and "7" are two codes, each named as written), text inputs, image
-    paths (a file named 0001 is no number), the columns feeding a string input of the model (`model_inputs`: a zip code "007" read as the number 7 would be
-    refused, or fed as "7"), the second texts of pairs (`tokenizer.pair`), and the label when it names classes
-    (`label_names`: "01" and "1" are two classes of a model's string labels)."""
+    """The columns whose cells name things, read as the text a CSV file holds (qbench.data.text_tables): slice `by`
+    columns and the calibration's stratify_by and group_by columns ("007" and "7" are two codes, each named as
+    written), text inputs, image paths (a file named 0001 is no number), the columns feeding a string input of the model
+    (`model_inputs`: a zip code "007" read as the number 7 would be refused, or fed as "7"), the second texts of pairs
+    (`tokenizer.pair`), and the label when it names classes (`label_names`: "01" and "1" are two classes of a model's
+    string labels)."""
     columns = [spec.by for spec in data.slices if spec.by is not None]
     columns += [column for column, spec in data.inputs.items() if isinstance(spec, TextInputSpec)]
     columns += data.pair_columns
@@ -154,7 +155,8 @@ def evaluation_rows(
             raise RecipeError(
                 recipe_file, "data.calibration", f"every one of the {len(rows)} evaluation rows of {table_name(table)} "
                 f"is a calibration row ({len(calibration)} drawn); expected rows left to evaluate: lower samples, "
-                "separate the rows (calibration.filter / evaluation.filter, or calibration.path), or set overlap: allow",
+                "separate the rows (calibration.filter / evaluation.filter, "
+                "or calibration.path), or set overlap: allow",
             )  # fmt: skip
         rows = kept
     beyond_limit = rows[data.evaluation.limit :] if data.evaluation.limit is not None else rows[:0]
@@ -168,7 +170,8 @@ def evaluation_rows(
     digests = (row_digests(content_table(table, data, recipe_file=recipe_file, rows=rows, unread=unread,
                                              dtypes=dtypes), rows, fed)
                if all(column in table.columns for column in fed) else None)
-    distinct = distinct_inputs(digests, {name: mask[rows] for name, mask in masks.items()}) if digests is not None else {}
+    evaluated_masks = {name: mask[rows] for name, mask in masks.items()}
+    distinct = distinct_inputs(digests, evaluated_masks) if digests is not None else {}
     return EvaluationRows(rows=rows, masks=masks, nonfinite=nonfinite, dropped=dropped, left_out=left_out,
                           held_out=held_out, beyond_limit=beyond_limit, distinct_inputs=distinct,
                           digests=digests)  # fmt: skip

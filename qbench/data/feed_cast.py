@@ -21,7 +21,8 @@ logger = logging.getLogger(__name__)
 INPUTS_FIELD = "data.inputs"
 
 
-def cast_to_input(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path, rows: pd.Index | None = None) -> np.ndarray:
+def cast_to_input(values: np.ndarray, column: str, meta: TensorMeta, *, recipe_file: Path,
+                  rows: pd.Index | None = None) -> np.ndarray:
     """`values` as the input's dtype; a RecipeError where that would change them. `rows`: the table's row of each
     value along axis 0, to name where a problem is."""
     target = np.dtype(meta.dtype)
@@ -104,7 +105,8 @@ def _float_overflow(values: np.ndarray, target: np.dtype) -> str | None:
     if finite.size == 0 or finite.max() <= np.finfo(target).max:
         return None
     count = int((finite > np.finfo(target).max).sum())
-    return f"{count} value{'s' if count != 1 else ''} beyond {target}'s range (e.g. {finite.max():.3g}), which would become inf"
+    return (f"{count} value{'s' if count != 1 else ''} beyond {target}'s "
+            f"range (e.g. {finite.max():.3g}), which would become inf")
 
 
 def _inexact_integers(values: np.ndarray, target: np.dtype) -> str | None:

@@ -99,7 +99,8 @@ def check_one_kind(values: pd.Series, column: str, *, field: str, recipe_file: P
         return
     cells = values.dropna()
     flags = cells.map(lambda v: isinstance(v, (bool, np.bool_)))
-    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)))
+    numbers = cells.map(lambda v: isinstance(v, (int, float, np.integer, np.floating))
+                        and not isinstance(v, (bool, np.bool_)))
     if flags.any() and numbers.any():
         example = cells[numbers].iloc[0]
         message = (f"column {column!r} mixes true/false with numbers (e.g. {format_value(example)}), which pandas "
@@ -264,7 +265,8 @@ def _text_as_times(values: pd.Series, op: str, *, field: str, recipe_file: Path)
         example = f" (e.g. {short_repr(other.iloc[0])})" if len(other) else ""
         raise RecipeError(recipe_file, field, f"{op!r} with a date or time compares dates, but column {values.name!r} "
                                               f"holds {_kind_of(values)} values that are not all ISO 8601 dates "
-                                              f"such as '2024-01-31' or '2024-01-31T12:30:00+02:00'{example}")  # fmt: skip
+                                              "such as '2024-01-31' or "
+                                              f"'2024-01-31T12:30:00+02:00'{example}")  # fmt: skip
     return times
 
 

@@ -81,7 +81,8 @@ def image_input_name(
     free = [name for name in model_inputs if name not in named]
     if len(free) != 1:
         raise RecipeError(recipe_file, f"data.inputs.{column}.input", f"the model inputs {', '.join(free) or 'none'} "
-                          "are fed by no named column; expected `input: <the model input the images feed>`")  # fmt: skip
+                          "are fed by no named column; expected "
+                          "`input: <the model input the images feed>`")  # fmt: skip
     return free[0]
 
 
@@ -108,7 +109,8 @@ def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, colu
         raise RecipeError(recipe_file, image_field(column), f"model input {meta.name!r} has shape {_shown(shape)}; "
                           "expected an image input of rank 4 (batch, channels, height, width or NHWC)")  # fmt: skip
     layout = spec.layout or _layout_of(shape)
-    # an input whose shape is not stated (unknown rank) states none of them: size is the recipe's, mode and layout default
+    # an input whose shape is not stated (unknown rank) states none of them: size is the recipe's, mode and layout
+    # default
     channels, height, width = (None, None, None) if not shape else (shape[1], shape[2], shape[3]) \
         if layout == "NCHW" else (shape[3], shape[1], shape[2])  # fmt: skip
     mode = spec.mode or _MODES.get(channels or 3)
@@ -116,12 +118,13 @@ def image_geometry(spec: ImageSpec, meta: TensorMeta, *, recipe_file: Path, colu
         expected = f"mode: {_MODES[channels]}" if channels in _MODES else "a model input of 1 or 3 channels"
         got = f"mode {mode} gives {_CHANNELS[mode]} channels" if mode else "no mode gives that"
         raise RecipeError(recipe_file, image_field(column, "mode"), f"model input {meta.name!r} has shape "
-                          f"{_shown(shape)}, {channels} channel{'s' if channels != 1 else ''} in layout {layout}, but {got}; "
-                          f"expected {expected}")  # fmt: skip
+                          f"{_shown(shape)}, {channels} channel{'s' if channels != 1 else ''} in layout {layout}, but "
+                          f"{got}; expected {expected}")  # fmt: skip
     size = tuple(spec.size) if spec.size is not None else (height, width)
     if None in size:
         raise RecipeError(recipe_file, image_field(column, "size"), f"model input {meta.name!r} has shape "
-                          f"{_shown(shape)}, which states no height and width; expected size: [height, width]")  # fmt: skip
+                          f"{_shown(shape)}, which states no height "
+                          "and width; expected size: [height, width]")  # fmt: skip
     if (height, width) != (None, None) and any(d is not None and d != s for d, s in zip((height, width), size)):
         raise RecipeError(recipe_file, image_field(column, "size"), f"got {list(size)}, but model input {meta.name!r} "
                           f"has shape {_shown(shape)} (layout {layout}); expected [{height}, {width}]")  # fmt: skip
@@ -159,7 +162,8 @@ def image_file(cell: str, root: Path) -> tuple[Path, str | None]:
 
 
 def image_paths(
-    cells: pd.Series, column: str, root: Path, *, recipe_file: Path, copies: Mapping[str, tuple[Path, str]] | None = None
+    cells: pd.Series, column: str, root: Path, *, recipe_file: Path,
+    copies: Mapping[str, tuple[Path, str]] | None = None
 ) -> list[tuple[Path, Path]]:  # fmt: skip
     """Each cell's file and where it is read from (its copy among `copies`, a sweep's snapshot, else the file); a
     RecipeError naming the row for a cell that is no path, one leaving the root, or a file that is not there (not
@@ -238,7 +242,8 @@ def _check_feed_memory(rows: int, shape: tuple[int, ...], dtype: np.dtype, colum
 
 
 def decode(
-    path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any, read: Path | None = None
+    path: Path, spec: ImageSpec, geometry: Geometry, *, recipe_file: Path, column: str, row: Any,
+    read: Path | None = None
 ) -> np.ndarray:  # fmt: skip
     """One image file as a (height, width, channels) uint8 array, converted and resized as `spec` says; read from
     `read` (its copy in a sweep's snapshot) where given, named `path` in messages."""
@@ -345,10 +350,10 @@ _PIXELS_ENTRIES = 1 << 20
 def pixels_sha256(path: Path, file_sha256: str, *, mode: str | None) -> str:
     """"image pixels sha256 <digest>" of the pixels the image file at `path` (whose bytes' sha256 is `file_sha256`)
     decodes to, converted as the feed converts them (8-bit, then to `mode`; to RGB where the recipe leaves the mode to
-    the model's shape, so two images an L feed takes alike may count as two), with their size: two files of one image, one
-    written with other metadata, chunking or lossless compression, feed the model one input. Remembered by the bytes'
-    digest: an image is decoded once per process. A file Pillow cannot decode is digested by its bytes (building the
-    feeds refuses it)."""
+    the model's shape, so two images an L feed takes alike may count as two), with their size: two files of one image,
+    one written with other metadata, chunking or lossless compression, feed the model one input. Remembered by the
+    bytes' digest: an image is decoded once per process. A file Pillow cannot decode is digested by its bytes (building
+    the feeds refuses it)."""
     key = (file_sha256, mode or "RGB")
     digest = _PIXELS.get(key)
     if digest is not None:

@@ -6,8 +6,8 @@ partition columns from `key=value` folder names: qbench.data.partitions), `.csv`
 `.jsonl` / `.ndjson` (one JSON object per line), each of these also compressed
 (`.csv.gz`, `.jsonl.bz2`, `.ndjson.xz`), `.npz` (one column per array, rows along axis 0)
 or a structured `.npy`, Feather / Arrow IPC files (`.feather`, `.arrow`), or a folder
-written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in qbench, so the frame
-always comes back with a clean RangeIndex.
+written by `datasets`' `save_to_disk` (needs the `datasets` extra). Rows are addressed by position 0..N-1 everywhere in
+qbench, so the frame always comes back with a clean RangeIndex.
 
 Parquet, Feather, JSON lines, NumPy files and `datasets` folders keep the types they store, but the text cells of
 the columns a recipe reads as values (inputs, label) mean what the same cells mean in a CSV file
@@ -45,9 +45,9 @@ from qbench.errors import MissingExtraError, RecipeError, one_line
 SOURCE_ATTR = "source"
 """`DataFrame.attrs` key holding the data file's name, for messages like '120 rows in digits.parquet'."""
 
-SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, .tsv, .jsonl, .ndjson "
-                     "(these four also as .gz, .bz2 or .xz), .npz, .npy (a structured array), or a folder written by "
-                     "`datasets` save_to_disk")
+SUPPORTED_FORMATS = (".parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, .tsv, "
+                     ".jsonl, .ndjson (these four also as .gz, .bz2 or .xz), .npz, .npy (a structured array), or a "
+                     "folder written by `datasets` save_to_disk")
 
 
 def load_table(
@@ -175,7 +175,8 @@ def _read_arrow(path: Path) -> pd.DataFrame:
         return _decimals_as_numbers(pd.read_feather(path))
     except pa.ArrowInvalid as exc:
         raise ValueError(f"{_one_line(exc)}; expected a Feather file or an Arrow IPC file (an Arrow IPC stream, as a "
-                         "`datasets` folder's .arrow files hold, is read through its save_to_disk folder)") from None  # fmt: skip
+                         "`datasets` folder's .arrow files hold, is read through its save_to_disk "
+                         "folder)") from None  # fmt: skip
 
 
 def _decimals_as_numbers(df: pd.DataFrame) -> pd.DataFrame:
@@ -251,8 +252,9 @@ def _read_npy(path: Path) -> pd.DataFrame:
 
     array = np.load(path, allow_pickle=False)
     if array.dtype.names is None:
-        raise ValueError(f"it holds one {array.dtype} array of shape {list(array.shape)} that names no column; expected "
-                         "a structured array with named fields, or an .npz of named arrays: np.savez(path, x=..., y=...)")  # fmt: skip
+        raise ValueError(f"it holds one {array.dtype} array of shape {list(array.shape)} that names no column; "
+                         "expected a structured array with named fields, or "
+                         "an .npz of named arrays: np.savez(path, x=..., y=...)")  # fmt: skip
     return _array_columns({name: array[name] for name in array.dtype.names})
 
 

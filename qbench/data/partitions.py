@@ -38,7 +38,8 @@ def data_files(folder: Path) -> list[Path]:
 
 
 def read_parquet_folder(
-    folder: Path, *, read_part: Callable[[Path], pd.DataFrame], text_as_numbers: Callable[[pd.Series], pd.Series | None],
+    folder: Path, *, read_part: Callable[[Path], pd.DataFrame],
+    text_as_numbers: Callable[[pd.Series], pd.Series | None],
     text_columns: Collection[str] = (),
 ) -> pd.DataFrame:  # fmt: skip
     """One table from every Parquet part under `folder` (each read with `read_part`), partition columns last."""

@@ -116,7 +116,8 @@ def _masks_by_column(
     if judged_missing.any():  # rows without a value are judged too: missing values often mark the unusual inputs
         name = f"{printable(str(column))}={MISSING_VALUE}"
         if name in masks:
-            message = f"column {column!r} holds the text {MISSING_VALUE!r} and empty cells: both would be slice {name!r}"
+            message = (f"column {column!r} holds the text {MISSING_VALUE!r} "
+                       f"and empty cells: both would be slice {name!r}")
             raise RecipeError(recipe_file, field, message)
         masks[name] = missing
     return masks

@@ -207,7 +207,8 @@ def pair_sequence_ids(
         return None
     encoded = tokenizer(list(texts), text_pair=list(pairs), padding=spec.padding, truncation=spec.truncation,
                         max_length=spec.max_length)  # fmt: skip
-    return np.array([[NOT_IN_A_TEXT if i is None else i for i in encoded.sequence_ids(row)] for row in range(len(texts))],
+    return np.array([[NOT_IN_A_TEXT if i is None else i for i in encoded.sequence_ids(row)]
+                     for row in range(len(texts))],
                     dtype=np.int64)  # fmt: skip
 
 

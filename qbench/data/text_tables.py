@@ -89,7 +89,8 @@ def spreadsheet_error(df: pd.DataFrame, columns: Collection[str]) -> tuple[int, 
         cells = df[column]
         if not (pd.api.types.is_object_dtype(cells) or pd.api.types.is_string_dtype(cells)):
             continue
-        errors = _flag_cells(cells, lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS).nonzero()[0]
+        flagged = _flag_cells(cells, lambda cell: isinstance(cell, str) and cell.strip() in SPREADSHEET_ERRORS)
+        errors = flagged.nonzero()[0]
         if len(errors):
             found.append((int(errors[0]), column, str(cells.iloc[errors[0]])))
     return min(found, default=None)
@@ -252,7 +253,8 @@ def _with_decimal_points(column: pd.Series, decimal: str, thousands: str | None)
     points = _matches(text, _POINT_NUMBER.pattern) & ~grouped if decimal == "," else none
     if commas.any() and points.any():
         raise ValueError(f"column {column.name!r} holds both {text[commas].iloc[0]!r} and {text[points].iloc[0]!r}; "
-                         "expected numbers written with one decimal mark, the comma the file declares (data.csv.decimal)")
+                         "expected numbers written with one decimal mark, "
+                         "the comma the file declares (data.csv.decimal)")
     numbers = text.where(~grouped, text.str.replace(thousands or "", "", regex=False))
     return column.where(~(grouped | commas), numbers.str.replace(decimal, ".", regex=False))
 
@@ -280,7 +282,8 @@ def printed_array_hint(values: pd.Series) -> str:
     text = _text_cells(values).str.strip()
     return _such_cells(text[text.str.fullmatch(_PRINTED_ARRAY) & text.str.contains(_SPACED_NUMBERS)],
                        "are arrays as NumPy prints them (pandas' to_csv writes array cells so): expected a JSON "
-                       "list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) writes it) or a Parquet list column")
+                       "list per cell ('[42, 32, 26]', as json.dumps(cell.tolist()) "
+                       "writes it) or a Parquet list column")
 
 
 def array_file_hint(values: pd.Series) -> str:
@@ -332,7 +335,8 @@ def number_format_hint(values: pd.Series) -> str:
             if re.fullmatch(commas, found.iloc[0]):  # '1,234': a decimal comma, or a grouping comma
                 return (f"; cells such as {found.iloc[0]!r} write numbers with a decimal comma or group thousands "
                         f"with ',', read as numbers only where declared: data.csv: {{decimal: ','}} or {declare}")
-            return f"; cells such as {found.iloc[0]!r} group thousands with {THOUSANDS[thousands]}, read as numbers only where declared: {declare}"
+            return (f"; cells such as {found.iloc[0]!r} group thousands with {THOUSANDS[thousands]}, read as numbers "
+                    f"only where declared: {declare}")
     found = text[text.str.fullmatch(commas)]
     if found.empty:
         return ""

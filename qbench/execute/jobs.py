@@ -241,8 +241,8 @@ def _search_evaluator(
     search: tuple[str, Reference | None], prepared: Prepared, clock: PhaseClock
 ) -> Callable[[BuiltVariant], VariantResult]:
     """Measure a candidate variant on the first backend against FP32 (for fallback / calibrator search): on the
-    selection rows (qbench.selection_rows: the gate then judges the pick on the evaluation rows, which did not choose it),
-    or on the evaluation rows when there are none."""
+    selection rows (qbench.selection_rows: the gate then judges the pick on the evaluation rows, which did not choose
+    it), or on the evaluation rows when there are none."""
     backend_name, reference = search
     backend = get_backend(backend_name)
     rows = Rows.selection(prepared)

@@ -85,8 +85,8 @@ def measure_id(variant: str, backend: str) -> str:
 
 
 def plan_fingerprint(recipe: Recipe, inputs: Mapping[str, InputDigest]) -> str:
-    """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.spec.RUN_FIELDS, field by field), of
-    every input file, and of qbench."""
+    """Hash of the whole recipe but where results go and how jobs run (qbench.recipe.spec.RUN_FIELDS, field by field),
+    of every input file, and of qbench."""
     exclude = {section: set(fields) if fields else True for section, fields in RUN_FIELDS.items()}
     payload = recipe.model_dump(mode="json", exclude=exclude)
     payload = {key: value for key, value in payload.items() if key not in RUN_FIELDS or value != {}}  # as before

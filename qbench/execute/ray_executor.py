@@ -148,7 +148,8 @@ def _measure(
 ) -> tuple[MeasureOutput, Outputs | None]:
     import cloudpickle
 
-    prepared = _worker_prepared(recipe, inputs, store)  # first: a pickled torch form may need the user's module imported
+    # first: a pickled torch form may need the user's module imported
+    prepared = _worker_prepared(recipe, inputs, store)
     work: MeasureWork = cloudpickle.loads(work_bytes)
     if work.built.borrowed:  # the FP32 model itself: this node's snapshot of it
         built = replace(work.built, onnx_path=prepared.source.onnx_path)
@@ -253,8 +254,8 @@ HEAD_CHECK_SECONDS = 5.0  # while no job ends, how often the driver checks that 
 HEAD_GONE_SECONDS = max(5.0, float(os.environ.get("RAY_gcs_rpc_server_reconnect_timeout_s", "60")) - 25.0)
 
 
-# Ray's token authentication: `ray start` turns it on where a token exists (~/.ray/auth_token), and a driver joining by an
-# explicit address sends none unless told to, so the head refuses it ('Unauthenticated' in Ray's log lines, a bare
+# Ray's token authentication: `ray start` turns it on where a token exists (~/.ray/auth_token), and a driver joining by
+# an explicit address sends none unless told to, so the head refuses it ('Unauthenticated' in Ray's log lines, a bare
 # 'Failed to connect' in its error)
 _AUTH_HINT = ("; if the cluster uses Ray's token authentication, set RAY_AUTH_MODE=token (with its token in "
               "RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) for the sweep")

@@ -356,7 +356,8 @@ def failed_jobs(records: dict[str, JobRecord]) -> dict[str, str]:
     failed = {job: record.error for job, record in records.items() if record.error is not None}
     failed.update({job: record.died for job, record in records.items() if record.died is not None})
     failed.update({job: record.result.error or "" for job, record in records.items()
-                   if record.error is None and record.result is not None and record.result.status == "failed"})  # fmt: skip
+                   if record.error is None and record.result is not None
+                   and record.result.status == "failed"})  # fmt: skip
     return failed
 
 

@@ -121,8 +121,9 @@ def decide_measure(
     if record is not None and code:
         return Decision(RERUN, f"measured in {run} with code since changed ({'; '.join(code)})", changes=code)
     if record is not None and record.died is not None:  # its failed result names the build: one reused
-        return _died(record.died, run, rerun_failed) if build.reused else Decision(RERUN, f"{record.died} in {run}, "
-                                                                                  "but its build runs again")  # fmt: skip
+        if build.reused:
+            return _died(record.died, run, rerun_failed)
+        return Decision(RERUN, f"{record.died} in {run}, but its build runs again")
     if record is None or record.result is None:
         return Decision(NEW, "not measured yet")
     if record.environment is not None:
@@ -167,7 +168,8 @@ def _changes(recorded: Mapping[str, str] | None, current: Mapping[str, str]) -> 
     if recorded is None:
         return (_NOT_RECORDED,)
     keys = [*current, *(key for key in recorded if key not in current)]
-    return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> {current.get(key, 'not recorded')}"
+    return tuple(f"{_FACT_NAMES.get(key, key)} {recorded.get(key, 'not recorded')} -> "
+                 f"{current.get(key, 'not recorded')}"
                  for key in keys if recorded.get(key) != current.get(key))  # fmt: skip
 
 
@@ -251,11 +253,12 @@ def resume_target(root: Path, fingerprint: str, *, rerun_failed: bool = False, c
         return named.path
     run = resumable_run(root, fingerprint, rerun_failed=rerun_failed)
     finished = finished_run(root, fingerprint)
-    if finished is not None and (run is None or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
+    if finished is not None and (run is None
+                                 or (finished.recorded_at, finished.path.name) > (run.recorded_at, run.path.name)):
         flag = "--resume --rerun-failed" if rerun_failed else "--resume"
-        raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, finished{_own_failures(finished.path)}: "
-                          "resuming it would change nothing; run `qbench sweep` without --resume to measure "
-                          "everything again")  # fmt: skip
+        raise QbenchError(f"{flag}: the newest run of this plan, {finished.path}, "
+                          f"finished{_own_failures(finished.path)}: resuming it would change nothing; run `qbench "
+                          "sweep` without --resume to measure everything again")  # fmt: skip
     return run.path if run is not None else None
 
 

@@ -401,7 +401,8 @@ class Scheduler:
             record = records.get(job.id)
             again = rerun_failed and job.id not in keep_failed
             if job.kind == "build":
-                facts = build_facts(self.prepared.recipe, self.specs[job.variant])  # this machine's, for the key's build
+                # this machine's, for the key's build
+                facts = build_facts(self.prepared.recipe, self.specs[job.variant])
                 stored = self.store.reusable(job.build_key, facts, reference)
                 builds[job.variant] = decision = decide_build(record, stored, name, rerun_failed=again)
                 if stored is not None:
@@ -425,7 +426,8 @@ class Scheduler:
                 self.state.attempts[job.id] = record.attempts
                 self._measured(job, died, None, where="an earlier run", reused=True)
                 reused += 1
-            elif decision.reused and not builds[job.variant].failed:  # else it fails with its build (settled when ready)
+            elif decision.reused and not builds[job.variant].failed:
+                # else it fails with its build (settled when ready)
                 assert record is not None and record.result is not None and folder is not None
                 notes = record.result.notes
                 if not any(note.startswith(RESUMED_NOTE) for note in notes):  # else reused before: it names that run

@@ -9,8 +9,8 @@ their relative locations, the PyTorch weights, the data, the calibration data, e
 tokenizer folder, and each image column's files: those its rows name, qbench.data.image_files, under
 `<key>/<root's name>/` and an absolute path's under `<key>/<root's name>.absolute/`) to `<root>/<key>/`,
 key a digest of the files' names and recorded sha256s, checks that the copies have those digests, and
-from then on reads only the copies (an image column's decoding and its content digests too). A copy that does not (the file
-changed between being hashed and being copied) stops the sweep: "<file> changed while the sweep read it;
+from then on reads only the copies (an image column's decoding and its content digests too). A copy that does not (the
+file changed between being hashed and being copied) stops the sweep: "<file> changed while the sweep read it;
 run again".
 
 Python code the recipe names (the PyTorch factory's module, custom metric modules) is imported from the

@@ -57,7 +57,8 @@ class StoreUnwritable(QbenchError):
 
 
 def store_writes(root: str | Path) -> AbstractContextManager[None]:
-    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root` (qbench.files.folder_writes)."""
+    """Raise a fault of the store's file system met inside as StoreUnwritable naming `root`
+    (qbench.files.folder_writes)."""
     return folder_writes(root, lambda exc: StoreUnwritable(root, exc))
 
 

@@ -51,8 +51,8 @@ class QuantizedNode:
 
 
 def module_scope(node: onnx.NodeProto) -> str:
-    """The innermost module `node` was exported from, as the exporter recorded it in the node's metadata (`_NAME_SCOPES`);
-    '' where it recorded none, or nothing readable."""
+    """The innermost module `node` was exported from, as the exporter recorded it in the node's metadata
+    (`_NAME_SCOPES`); '' where it recorded none, or nothing readable."""
     import ast
 
     recorded = next((p.value for p in node.metadata_props if p.key == _NAME_SCOPES), None)

@@ -64,7 +64,8 @@ class OutputEffects:
                 f"bypassed, {len(self.costs)} {what}, {self.predicted_s:.3g} s){rest}")  # fmt: skip
 
 
-def bypassable(built: BuiltVariant, quantized: onnx.ModelProto, groups: Mapping[str, Sequence[QuantizedNode]]) -> list[str]:
+def bypassable(built: BuiltVariant, quantized: onnx.ModelProto,
+               groups: Mapping[str, Sequence[QuantizedNode]]) -> list[str]:
     """The groups a Q/DQ bypass can keep float in `built`: every node of theirs is in its graph and reads a dequantized
     tensor. None of a dynamic build's (its nodes became integer kernels under other names) or a build whose weights were
     rewritten (SmoothQuant: the tensors between its Linears are not FP32's, so no node can read FP32's again)."""

@@ -149,7 +149,8 @@ def sort_costs(costs: Sequence[NodeCost], method: str) -> list[NodeCost]:
 
 def score_accuracy(accuracy: AccuracyResult, gate: GateSpec, nsr: float) -> Score:
     """The gate metric's drops; slices below the gate's min_slice_size are left out, as the gate does."""
-    slices = {s.name: s.drops.get(gate.metric, math.nan) for s in accuracy.slices if s.judged_count(gate.metric) >= gate.min_slice_size}
+    slices = {s.name: s.drops.get(gate.metric, math.nan) for s in accuracy.slices
+              if s.judged_count(gate.metric) >= gate.min_slice_size}
     return Score(accuracy.overall.drops.get(gate.metric, math.nan), slices, nsr)
 
 

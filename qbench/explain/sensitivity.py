@@ -148,7 +148,8 @@ class _Evaluator:
         return self.judged(built)[0]
 
     def judged(self, built: BuiltVariant) -> tuple[Score, GateReport]:
-        """Its score, and the gate's verdict on it (qbench.gate.evaluate.judge: an unresolved pass is a pass, with its reasons)."""
+        """Its score, and the gate's verdict on it (qbench.gate.evaluate.judge: an unresolved pass is a pass, with its
+        reasons)."""
         measured = measure(self.backend, built, self.prepared, reference=self.reference, quiet=True)
         if measured.result.accuracy is None:
             raise QbenchError(f"explain: {built.name} could not be measured: {measured.result.error}")
@@ -310,14 +311,16 @@ def explain_table(result: ExplainResult, top: int) -> Table:
                   title_justify="left")  # fmt: skip
     shown_worst = result.method != "sqnr" and result.worst_slice is not None
     columns = ["rank", result.group_by, "op type"]
-    columns += [{"leave_one_out": "breach recovered", "one_at_a_time": "breach alone"}[result.method]] if shown_breach else []
+    breach_column = {"leave_one_out": "breach recovered", "one_at_a_time": "breach alone"}
+    columns += [breach_column[result.method]] if shown_breach else []
     columns += [f"{what} overall" if result.method != "sqnr" else what]
     columns += [f"{what} on {worst}"] if shown_worst else []
     for column in [*columns, "share"]:
         table.add_column(escape(column), justify="left" if column in (result.group_by, "op type") else "right")
     for rank, cost in enumerate(result.costs[:top], 1):
         values = [signed(cost.breach)] if shown_breach else []
-        values += [f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE] if result.method == "sqnr" else [signed(cost.overall)]
+        nsr = f"{cost.nsr:.2e}" if finite(cost.nsr) else NONE
+        values += [nsr] if result.method == "sqnr" else [signed(cost.overall)]
         values += [signed(cost.worst_slice)] if shown_worst else []
         share = percent(cost.share) if math.isfinite(cost.share) else "—"
         cells = [str(rank), plain_name(cost.group), ",".join(cost.op_types), *values, share]

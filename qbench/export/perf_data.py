@@ -1,4 +1,5 @@
-"""perf_analyzer's `--input-data` file: a seeded sample of the recipe's evaluation rows, as the sweep fed them to the model.
+"""perf_analyzer's `--input-data` file: a seeded sample of the recipe's evaluation rows, as the sweep fed them to the
+model.
 
 Without it perf_analyzer fills every non-string input with random bytes: an int64 token id of random bytes
 indexes far past any embedding table (ONNX Runtime refuses the request: every request of the benchmark fails),

@@ -53,7 +53,8 @@ DEFAULT_MAX_QUEUE_DELAY_US = 100
 MODEL_FILE = "model.onnx"
 CONFIG_FILE = "config.pbtxt"
 README_FILE = "README.md"
-INPUT_DATA_FILE = "perf_input_data.json"  # perf_analyzer's --input-data: the rows qbench timed (qbench.export.perf_data)
+# perf_analyzer's --input-data: the rows qbench timed (qbench.export.perf_data)
+INPUT_DATA_FILE = "perf_input_data.json"
 VERSION = "1"
 GRPC_URL = "localhost:8001"
 
@@ -197,8 +198,9 @@ def queue_delay_us(measured: VariantResult) -> int:
 def perf_analyzer_commands(name: str, measured: VariantResult, *, batched: bool = True) -> list[str]:
     """One perf_analyzer command per batch size qbench timed: concurrency 1, about as many timed
     requests per window as qbench's timing windows held (all its timed runs when it timed a fixed
-    count), stability judged on p50, on the rows qbench timed (`INPUT_DATA_FILE`). Not `batched` (a fixed-batch model), a request holds the whole batch: -b 1;
-    batched, only the sizes config.pbtxt's max_batch_size admits (`batcher_sizes`)."""
+    count), stability judged on p50, on the rows qbench timed (`INPUT_DATA_FILE`). Not `batched` (a fixed-batch model),
+    a request holds the whole batch: -b 1; batched, only the sizes config.pbtxt's max_batch_size admits
+    (`batcher_sizes`)."""
     if measured.latency is None:
         return []
     largest = batcher_sizes(measured)[0]
@@ -254,9 +256,10 @@ def _load_lines(name: str, measured: VariantResult, fixed: int | None) -> list[s
     batcher = (f"max batch {serving.max_batch_size}, max queue delay {serving.max_queue_delay_ms:g} ms, "
                + (f"each batch filled up to the model's {fixed} rows" if fixed is not None else
                   "as in config.pbtxt unless overridden"))  # fmt: skip
-    simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic batcher "
-                 f"({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 {at_rate.p99_ms:.3f} "
-                 f"ms, mean batch {at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
+    simulated = (f"qbench simulated Poisson arrivals of one row at {serving.rate_rps:g} req/s through a dynamic "
+                 f"batcher ({batcher}) from the measured service times: p50 {at_rate.p50_ms:.3f} ms, p99 "
+                 f"{at_rate.p99_ms:.3f} ms, mean batch "
+                 f"{at_rate.mean_batch_size:.2f} over {at_rate.requests} requests.")  # fmt: skip
     if fixed is not None:
         return ["", "## qbench's load point", "", simulated +
                 f" Triton cannot serve that load: config.pbtxt has no dynamic batcher (max_batch_size 0, as the model "
@@ -305,7 +308,8 @@ def _readme(name: str, recipe: Recipe, results: SweepResults, measured: VariantR
         "| batch | warm-up / timed runs | p50 ms | p99 ms | items/s |",
         "|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | {p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
+    lines += [f"| {p.batch_size} | {p.warmup} / {p.iterations} | "
+              f"{p.p50_ms:.3f} | {p.p99_ms:.3f} | {p.items_per_s:,.1f} |"
               for p in (latency.points if latency else ())]  # fmt: skip
     where = "perf_analyzer ships in Triton's SDK image and the `perf-analyzer` package"
     lines += ["", f"With the server running ({where}), from this folder:", "", "```"]
@@ -342,7 +346,8 @@ def _model_name(given: str | None, default: str) -> str:
     if not _MODEL_NAME.fullmatch(name) or len(name) > _MAX_NAME_CHARS:
         where = "--name" if given is not None else "the default name <recipe>-<variant> (pass --name)"
         raise QbenchError(f"Triton model name, {where}: got {name!r}, expected a letter or digit, then letters, "
-                          f"digits and _ . + - (no spaces, slashes or leading dot), {_MAX_NAME_CHARS} characters at most")
+                          "digits and _ . + - (no spaces, slashes or "
+                          f"leading dot), {_MAX_NAME_CHARS} characters at most")
     return name
 
 
@@ -351,7 +356,8 @@ def _find(results: SweepResults, variant: str, backend: str) -> VariantResult:
     if measured is None:
         raise QbenchError(f"variant {expected_one_of(f'{variant}@{backend}', [v.key for v in results.variants])}")
     if measured.status != "ok":
-        raise QbenchError(f"{measured.key}: {measured.status} in the sweep ({measured.error}); there is nothing to export")
+        raise QbenchError(f"{measured.key}: {measured.status} in the sweep "
+                          f"({measured.error}); there is nothing to export")
     return measured
 
 

@@ -163,7 +163,8 @@ def _optimization(measured: VariantResult, target: TritonTarget) -> dict[str, An
         # ONNX Runtime builds a strongly typed network, so Q/DQ graphs run with explicit quantization.
         precision = "FP16" if measured.precision == "fp16" else "FP32"
         accelerator = {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": precision},
-                                                          {"key": "trt_engine_cache_enable", "value": "1"}]}  # fmt: skip
+                                                          {"key": "trt_engine_cache_enable",
+                                                           "value": "1"}]}  # fmt: skip
         optimization["execution_accelerators"] = {"gpu_execution_accelerator": [accelerator]}
     return optimization
 

@@ -99,7 +99,8 @@ def _identical_as_one(candidates: list[_Candidate]) -> list[_Candidate]:
         spread = max((m.spread for m in members if math.isfinite(m.spread)), default=math.nan)
         loaded = any(m.contended for m in members)
         shared += [dataclasses.replace(m, point=dataclasses.replace(m.point, p50_ms=p50, metric=worst.point.metric),
-                                       score=worst.score, spread=spread, contended=loaded) for m in members]  # fmt: skip
+                                       score=worst.score, spread=spread,
+                                       contended=loaded) for m in members]  # fmt: skip
     return shared
 
 
@@ -184,7 +185,8 @@ def gate_threshold(results: SweepResults, gate: GateSpec) -> float | None:
     return value - tolerances.max_drop if higher else value + tolerances.max_drop
 
 
-def gate_tolerances(results: SweepResults, gate: GateSpec, metric: str | None = None) -> tuple[float, Tolerances] | None:
+def gate_tolerances(results: SweepResults, gate: GateSpec,
+                    metric: str | None = None) -> tuple[float, Tolerances] | None:
     """The reference's gate-metric figure (`metric`'s, for another gated metric: `gate` is then its own single-metric
     spec) on the first backend where it is finite, and the gate's tolerances resolved against it
     (qbench.gate.tolerance); None when no backend has one, or a relative tolerance of it is unformed."""
@@ -223,8 +225,8 @@ def speedup_contended(results: SweepResults, variant: VariantResult, batch_size:
 def slower_than_reference(results: SweepResults, variant: VariantResult) -> str | None:
     """'0.85× at batch 1, 0.75× at batch 8' when `variant` ran slower than FP32 on its backend at every batch size
     both timed, each beyond the timing noise (the larger of the search's tie margin, TIE, and the two points'
-    window spreads; no batch size where either was timed beside other processes' load says so); None when it is faster, or as fast within the noise, at some batch size, or no speed-up can be
-    given."""
+    window spreads; no batch size where either was timed beside other processes' load says so); None when it is faster,
+    or as fast within the noise, at some batch size, or no speed-up can be given."""
     if variant.variant == results.reference or variant.status != "ok" or variant.latency is None:
         return None
     reference = results.find(results.reference, variant.backend)

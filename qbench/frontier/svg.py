@@ -252,7 +252,8 @@ def _panel(results: SweepResults, title: str, marks: list[_Mark], threshold: flo
         parts.append(
             f'<circle class="{css}" data-variant="{escape(mark.variant.variant)}" '
             f'data-backend="{escape(mark.variant.backend)}"{data} cx="{_fmt(x(mark.x))}" cy="{_fmt(y(mark.metric))}" '
-            f'r="5" fill="{colour if mark.filled else "#ffffff"}" stroke="{colour}"><title>{escape(mark.tooltip)}</title>'
+            f'r="5" fill="{colour if mark.filled else "#ffffff"}" '
+            f'stroke="{colour}"><title>{escape(mark.tooltip)}</title>'
             "</circle>"
         )
     parts += _labels([(m.variant.variant, x(m.x), y(m.metric)) for m in marks])
@@ -353,7 +354,8 @@ def frontier_document(results: SweepResults, threshold: float | None = None) -> 
              f'<text x="{_PAD}" y="20" font-size="15" font-weight="600">{escape(title)}</text>',
              f'<text x="{_PAD}" y="36" fill="#555555">{escape(metric)}: {direction}; better is up and left; filled: '
              "on the frontier (no other variant is both faster and at least as good)</text>", *legend]  # fmt: skip
-    parts += [f'<g transform="translate({_PAD + i * (WIDTH + _GAP)},{top})">{panel}</g>' for i, panel in enumerate(panels)]
+    parts += [f'<g transform="translate({_PAD + i * (WIDTH + _GAP)},{top})">{panel}</g>'
+              for i, panel in enumerate(panels)]
     if not panels:
         parts.append(f'<text x="{width / 2}" y="{top + HEIGHT / 2}" text-anchor="middle">no variant has both a '
                      f"latency and a finite {escape(metric)}</text>")  # fmt: skip

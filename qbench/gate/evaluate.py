@@ -272,7 +272,8 @@ def _evaluate(results: SweepResults, spec: GateSpec, expected: Sequence[tuple[st
         if resolve and unjudged:
             held.append(f"{variant}@{backend}: {unjudged}")
         if resolve and unresolved_scopes:
-            held.append(f"{variant}@{backend}: too few rows to resolve the tolerance: {named_some(unresolved_scopes, '; ')}")
+            held.append(f"{variant}@{backend}: too few rows to resolve the tolerance: "
+                        f"{named_some(unresolved_scopes, '; ')}")
     if slo is not None:
         slo_pairs = [(v, b) for v, b in pairs if v != results.reference and slo.applies(v, spec.applies_to)
                      and (v, b) not in skipped]  # fmt: skip

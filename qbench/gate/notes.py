@@ -56,8 +56,8 @@ def vacuous_tolerances(spec: GateSpec, references: Sequence[VariantResult] = ())
         return []
     stated = [(field, value) for field, value in (("max_drop", spec.max_drop), ("max_slice_drop", spec.max_slice_drop))
               if value is not None]  # fmt: skip
-    notes = [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or more, "
-             f"so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
+    notes = [f"tolerances: gate.{field} {value:g} is {spec.metric}'s whole range ({info.low:g}..{info.high:g}) or "
+             f"more, so no drop of it can breach {'overall' if field == 'max_drop' else 'on a slice'} (a tolerance in "
              f"percent? {value:g} % is {value / 100:g})"
              for field, value in stated if value >= span]  # fmt: skip
     worst = info.low if info.higher_is_better else info.high

@@ -270,17 +270,20 @@ def _constant_tensors(model: onnx.ModelProto) -> set[str]:
     return names
 
 
-def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto], consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
+def _off_label(chain: list[str], producers: dict[str, onnx.NodeProto],
+               consumers: dict[str, list[onnx.NodeProto]]) -> str | None:
     """Why the model's label is not the arg-max of the scores in `chain`, or None."""
     if _labelled_by_argmin(chain, consumers):
         return "the graph's label is the ArgMin of these scores (lower is better, e.g. distances to cluster centres)"
     if any(node.op_type == "SVMClassifier" and node.domain == "ai.onnx.ml" for node in _ancestors(chain[0], producers)):
-        return "they come from an SVMClassifier, whose label is a one-vs-one vote the highest score does not always match"
+        return ("they come from an SVMClassifier, whose label is a "
+                "one-vs-one vote the highest score does not always match")
     return None
 
 
 def _labelled_by_argmin(chain: list[str], consumers: dict[str, list[onnx.NodeProto]]) -> bool:
-    return any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain for user in consumers.get(name, []))
+    return any(user.op_type == "ArgMin" and _axis(user) in (1, -1) for name in chain
+               for user in consumers.get(name, []))
 
 
 def _ancestors(name: str, producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -355,7 +358,8 @@ def _class_labels(node: onnx.NodeProto) -> ClassTable | None:
     return None
 
 
-def _label_table(name: str, producers: dict[str, onnx.NodeProto], constants: dict[str, ClassTable]) -> ClassTable | None:
+def _label_table(name: str, producers: dict[str, onnx.NodeProto],
+                 constants: dict[str, ClassTable]) -> ClassTable | None:
     """The classes the label output `name` is one of: the labels of the ONNX-ML classifier whose first output it
     copies, or the constant table it is looked up in (through reshapes and casts)."""
     for _ in range(len(_INDEX_OPS) * 4):
@@ -384,7 +388,8 @@ def _argmax_lookup(
             for _ in range(len(_INDEX_OPS) * 4):  # a short chain of reshapes and casts at most
                 users = consumers.get(index, [])
                 lookup = next((u for u in users if u.op_type in ("ArrayFeatureExtractor", "Gather")
-                               and len(u.input) == 2 and u.input[1] == index and u.input[0] in constants), None)  # fmt: skip
+                               and len(u.input) == 2 and u.input[1] == index and u.input[0] in constants),
+                               None)  # fmt: skip
                 if lookup is not None:
                     return constants[lookup.input[0]]
                 passing = [u for u in users if u.op_type in _INDEX_OPS]

@@ -283,7 +283,8 @@ def _meta(value_info: onnx.ValueInfoProto, producer: onnx.NodeProto | None = Non
     element = type_proto.sequence_type.elem_type if type_proto.WhichOneof("value") == "sequence_type" else None
     if element is not None and element.WhichOneof("value") == "map_type":
         value_type = element.map_type.value_type
-        score = _elem_dtype(value_type.tensor_type.elem_type) if value_type.WhichOneof("value") == "tensor_type" else None
+        tensor_values = value_type.WhichOneof("value") == "tensor_type"
+        score = _elem_dtype(value_type.tensor_type.elem_type) if tensor_values else None
         keys = _zipmap_keys(producer)
         classes = len(keys) if keys is not None else None
         return TensorMeta(value_info.name, score or np.dtype(object), (None, classes), "map", name, keys)
@@ -323,23 +324,26 @@ def _through_copies(name: str, producers: Mapping[str, onnx.NodeProto], stop: Se
 def _fed_by_inputs(graph: onnx.GraphProto, inputs: set[str]) -> set[str]:
     """The tensors computed from a graph input (nodes are in topological order, as a valid graph has them). A node
     holding a subgraph counts as fed: its body may read an input by name from the outer scope."""
+    from qbench.onnx_read import subgraphs_of
+
     fed = set(inputs)
     for node in graph.node:
-        body = any(a.HasField("g") or a.graphs for a in node.attribute)
-        if body or fed.intersection(node.input):
+        if subgraphs_of(node) or fed.intersection(node.input):
             fed.update(node.output)
     return fed
 
 
 def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
-    yield from graph.initializer
-    for node in graph.node:
-        for attribute in node.attribute:
-            if attribute.HasField("t"):
-                yield attribute.t
-            yield from attribute.tensors
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _graph_tensors(subgraph)
+    """Every tensor `graph` and its subgraphs hold: initializers and tensor attributes (a Constant's value)."""
+    from qbench.onnx_read import all_graphs
+
+    for held in all_graphs(graph):
+        yield from held.initializer
+        for node in held.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
 
 
 def external_data_files(path: Path) -> list[str]:

@@ -64,7 +64,8 @@ def check_plan(recipe: Recipe) -> None:
         _check_globs(recipe, "slo.applies_to", recipe.slo.applies_to, reference, candidates)
     if recipe.search is not None and not recipe.gate.applies(recipe.search.name):
         logger.warning(f"gate.applies_to: {short_repr(recipe.gate.applies_to)} does not match the search's variant "
-                       f"{recipe.search.name!r}: the search meets the gate's tolerances but `qbench gate` will not judge its pick")  # fmt: skip
+                       f"{recipe.search.name!r}: the search meets the gate's "
+                       "tolerances but `qbench gate` will not judge its pick")  # fmt: skip
 
 
 def _check_globs(recipe: Recipe, field: str, patterns: list[str], reference: str, candidates: list[str]) -> None:
@@ -175,7 +176,8 @@ def check_destinations(recipe: Recipe, *, track: bool) -> None:
     _check_writable_folder(recipe, "output_dir", recipe.output_path / recipe.name)  # where run folders are made
     store = build_store(recipe).local
     if store is not None:
-        default = "" if recipe.executor.store else " (the default, in qbench's cache: set executor.store or $QBENCH_CACHE_DIR)"
+        default = "" if recipe.executor.store else (" (the default, in qbench's cache: set "
+                                                    "executor.store or $QBENCH_CACHE_DIR)")
         _check_writable_folder(recipe, "executor.store", store,
                                expected=f"a writable folder for built variants{default}")  # fmt: skip
     if not track:
@@ -316,10 +318,11 @@ _ONE_SAMPLE_PER_ROW = (
 
 def _check_shared_axis_0(recipe: Recipe, model: ModelInfo) -> None:
     """RecipeError when some inputs fix axis 0 while others leave it dynamic (inputs of rank 1 and those with no row
-    axis aside, as in `ModelInfo.batch_dims`: data.inputs refuses the latter): axis 0 is then no batch the inputs share (a GNN's x ['num_nodes', F] beside
-    edge_index [2, 'num_edges']), and taking the static one for a fixed batch would feed two graphs' rows as one.
-    Where every fixed axis 0 is 1, a batch of one row fits every input, whichever axis holds its batch: a fixed batch
-    of 1 (a GRU's or LSTM's initial state h0 [1, 'batch', H], as torch lays it out even batch-first)."""
+    axis aside, as in `ModelInfo.batch_dims`: data.inputs refuses the latter): axis 0 is then no batch the inputs share
+    (a GNN's x ['num_nodes', F] beside edge_index [2, 'num_edges']), and taking the static one for a fixed batch would
+    feed two graphs' rows as one. Where every fixed axis 0 is 1, a batch of one row fits every input, whichever axis
+    holds its batch: a fixed batch of 1 (a GRU's or LSTM's initial state h0 [1, 'batch', H], as torch lays it out even
+    batch-first)."""
     ranked = [meta for meta in model.inputs.values() if len(meta.shape) > 1 and not shared_by_batch(meta, model.inputs)]
     fixed = [meta for meta in ranked if meta.shape[0] is not None]
     free = [meta for meta in ranked if meta.shape[0] is None]
@@ -380,7 +383,8 @@ def _batch_fields(recipe: Recipe, size: int) -> list[tuple[str, object, object]]
         ("data.evaluation.batch_size", recipe.data.evaluation, "batch_size", size),
         ("data.calibration.batch_size", recipe.data.calibration, "batch_size", size),
     ]
-    return [(field, getattr(spec, name), expected) for field, spec, name, expected in fields if name in spec.model_fields_set]
+    return [(field, getattr(spec, name), expected) for field, spec, name, expected in fields
+            if name in spec.model_fields_set]
 
 
 def _unset(spec: ModelT, **values: object) -> ModelT:

@@ -67,7 +67,8 @@ def named_classes(
         if stated is not None and [str(c) for c in stated] != [str(c) for c in classes]:
             raise RecipeError(recipe.source, "data.classes",
                               f"output {choice.name!r} names its own classes in the graph "
-                              f"({', '.join(map(str, stated))}); expected data.classes left out, or equal to them")  # fmt: skip
+                              f"({', '.join(map(str, stated))}); expected "
+                              "data.classes left out, or equal to them")  # fmt: skip
         count = class_count(choice.meta)
         if count is not None and count != len(classes):
             layout = f" ({ONE_COLUMN_CLASSES})" if one_score_column(choice.meta) else ""
@@ -121,7 +122,8 @@ def below_chance_readings(recipe: Recipe, outputs: Sequence[OutputChoice], overa
         name = f"{choice.name}{OUTPUT_SEPARATOR}accuracy" if len(outputs) > 1 else "accuracy"
         rate, rows = overall.metrics.get(name, math.nan), overall.judged_count(name)
         guess = functools.cache(lambda name=name: shuffled().metrics.get(name, math.nan))
-        why = below_chance(rate, choice.meta, labels, recipe.data.classes, guess) if rows and math.isfinite(rate) else None
+        judged = rows and math.isfinite(rate)
+        why = below_chance(rate, choice.meta, labels, recipe.data.classes, guess) if judged else None
         if why is None:
             continue
         high = wilson(rate, rows)[1]
@@ -144,7 +146,8 @@ def check_labels_beat_chance(recipe: Recipe, outputs: Sequence[OutputChoice], ov
     raise RecipeError(recipe.source, "data.label", (
         f"{column}: {sure}, below the guess: FP32 is wrong on nearly every row, most likely labels in another coding "
         "than the output's columns (ids shifted by one, another class order, binary labels inverted), and every drop "
-        "against them would count changes between wrong answers; expected labels in the output's class order"))  # fmt: skip
+        "against them would count changes between wrong "
+        "answers; expected labels in the output's class order"))  # fmt: skip
 
 
 def read_labels(

@@ -46,7 +46,8 @@ def _stamps(path: Path, backend: object) -> str:
     import onnx
 
     fix = ("expected a model this runtime loads: export it at an IR version and opsets it supports, with operators "
-           "it implements (or register the custom operators' library), or install a runtime that supports it")  # fmt: skip
+           "it implements (or register the custom operators' "
+           "library), or install a runtime that supports it")  # fmt: skip
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - the runtime's own reason already says what is wrong with the file

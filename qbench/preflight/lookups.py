@@ -16,8 +16,8 @@ A category table is checked the same way: an ONNX-ML `OneHotEncoder` with `zeros
 `handle_unknown='error'`, as skl2onnx converts it) fails the whole batch on a value it does not know (`Unknown Category
 and zeros = 0`), which `qbench validate` blamed on the model; each value an input feeds it, directly, through
 value-preserving ops or as a column a constant Gather or ArrayFeatureExtractor picks (skl2onnx's column selection
-before each encoder of a pipeline or ColumnTransformer), must be among its categories; each encoder of an input is checked on the
-columns it reads.
+before each encoder of a pipeline or ColumnTransformer), must be among its categories; each encoder of an input is
+checked on the columns it reads.
 
 A negative id is refused too, though ONNX's Gather reads it from the table's end (-1 as the last row): torch's
 `nn.Embedding` and `nn.EmbeddingBag` refuse it (`index out of range`), so an exported embedding never meant it, and a
@@ -141,7 +141,8 @@ def _category_tables(
                 attributes = {a.name: a for a in node.attribute}
                 zeros = attributes["zeros"].i if "zeros" in attributes else 1
                 known = (list(attributes["cats_strings"].strings) if "cats_strings" in attributes
-                         else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes else None)  # fmt: skip
+                         else list(attributes["cats_int64s"].ints) if "cats_int64s" in attributes
+                         else None)  # fmt: skip
                 if zeros == 0 and known:
                     categories = tuple(c.decode() if isinstance(c, bytes) else int(c) for c in known)
                     encoders.append(Encoder(node.name or node.output[0], categories, picks))

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from qbench.onnx_read import all_graphs
+from qbench.onnx_read import all_graphs, subgraphs_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -383,7 +383,7 @@ def _cast_integer_weights(model: onnx.ModelProto, types: dict[str, int]) -> Iter
             for node in graph.node:
                 inputs = _read_values(node)
                 if any(name in constant for name in node.output) or any(name not in constant for name in inputs) \
-                        or any(a.HasField("g") or a.graphs for a in node.attribute):  # fmt: skip
+                        or subgraphs_of(node):  # fmt: skip
                     continue
                 came = set().union(*(origin.get(name, set()) for name in inputs))
                 cast_to_float = _cast_to(node, types) in (1, 11)
@@ -471,7 +471,6 @@ def _nodes(graph: onnx.GraphProto, constants: set[str]) -> Iterator[tuple[onnx.N
     """Every node of `graph` and its subgraphs, with the values constant where it runs."""
     for node in graph.node:
         yield node, constants
-        for attribute in node.attribute:
-            for subgraph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
-                yield from _nodes(subgraph, constants | _constants(subgraph))
+        for subgraph in subgraphs_of(node):
+            yield from _nodes(subgraph, constants | _constants(subgraph))
 

@@ -176,7 +176,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     if batch is not None:
         recipe = with_fixed_batch(recipe, batch)
         logger.info("the model has a fixed batch of %d: timed at that batch only; every run feeds %d rows (a last, "
-                    "shorter batch is filled with repeats of its rows, whose outputs are dropped)", batch, batch)  # fmt: skip
+                    "shorter batch is filled with repeats of its rows, whose outputs are dropped)",
+                    batch, batch)  # fmt: skip
     task = get_task(recipe.task)
     custom_metrics = load_custom_metrics(recipe)
     if snapshot is not None:  # imported from the user's files: they must still be what the sweep hashed
@@ -184,7 +185,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             snapshot.check_read(metric_source_input(index))
     data = snapshot.data(recipe.data) if snapshot is not None else recipe.data  # tokenizers read from their copies
     table = load_data_table(_read_from(snapshot, "data", recipe.data_path), data,
-                            label_names=task.labels_name_classes, recipe_file=recipe.source, model_inputs=model.inputs)  # fmt: skip
+                            label_names=task.labels_name_classes, recipe_file=recipe.source,
+                            model_inputs=model.inputs)  # fmt: skip
     unread = unread_inputs(source.onnx_path)  # of every output: the gate re-derives the digests from the model alone
     fed_as = numeric_dtypes(model.inputs)  # and the types it is fed as, from the model alone too
     evaluation = evaluation_rows(table, data, recipe_file=recipe.source, calibrated=recipe.fits_on_calibration_rows,
@@ -222,7 +224,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     lookups = constant_lookups(source.onnx_path)
     check_lookup_indices(recipe, lookups, eval_feeds, eval_rows, "evaluation")
     if source.torch is not None and _check_export_on_rows(recipe, source, eval_feeds, refresh=not export_refreshed):
-        return _prepare(recipe, snapshot, loads=loads, export_refreshed=True)  # a stale export was replaced: read the new one
+        # a stale export was replaced: read the new one
+        return _prepare(recipe, snapshot, loads=loads, export_refreshed=True)
     check_row_independence(recipe, source.onnx_path, model, eval_feeds, {c.name: c.index for c in outputs}, batch)
     calibration_table = (
         load_data_table(_read_from(snapshot, "data.calibration", recipe.calibration_data_path), data,
@@ -239,9 +242,11 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     )
     calibration_rows = split.fitted
     judged = [name for name, mask in eval_slices.items() if mask.any()]  # an empty slice is judged nowhere
+    chooses = chooses_among_candidates(recipe)
     selection = selection_rows(data, calibration_table, split, calibration_nonfinite, judged=judged,
-                               model_inputs=model.inputs, labels=lambda t, rows: read_labels(recipe, task, t, rows, outputs),
-                               recipe_file=recipe.source, unread=unread) if chooses_among_candidates(recipe) else None  # fmt: skip
+                               model_inputs=model.inputs,
+                               labels=lambda t, rows: read_labels(recipe, task, t, rows, outputs),
+                               recipe_file=recipe.source, unread=unread) if chooses else None  # fmt: skip
     if selection is not None:  # fed to FP32 and every candidate (an id past a table there failed the search alone)
         check_lookup_indices(recipe, lookups, selection.feeds, split.selection, "selection")
     kept = kept_nonfinite(data, (eval_rows, nonfinite, masks), (calibration_rows, calibration_nonfinite),
@@ -250,11 +255,12 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
     fitted = content_table(calibration_table, data, recipe_file=recipe.source, rows=calibration_rows, unread=unread,
                            dtypes=fed_as)  # fmt: skip
     overlap = shared_rows(fitted, calibration_rows, evaluated, data.fed_columns)
-    selection_overlap = _selection_overlap(selection, evaluated) if chooses_among_candidates(recipe) else None
+    selection_overlap = _selection_overlap(selection, evaluated) if chooses else None
     if recipe.fits_on_calibration_rows:
         allowed = calibration_table is table and data.calibration.overlap == "allow"
         warn_shared(overlap, len(calibration_rows), "calibration",
-                    "data.calibration.overlap: allow" if allowed else "the same rows twice, or in both files")  # fmt: skip
+                    "data.calibration.overlap: allow" if allowed
+                    else "the same rows twice, or in both files")  # fmt: skip
     return Prepared(
         recipe=recipe,
         source=source,
@@ -275,8 +281,8 @@ def _prepare(recipe: Recipe, snapshot: Snapshot | None, *, loads: bool, export_r
             overlap=data.calibration.overlap,
             held_out_rows=evaluation.held_out,
             evaluation_overlap_rows=overlap,
-            selection_rows=(selection.count if selection else 0) if chooses_among_candidates(recipe) else None,
-            selection_from_sample=(selection.from_sample if selection else 0) if chooses_among_candidates(recipe) else None,
+            selection_rows=(selection.count if selection else 0) if chooses else None,
+            selection_from_sample=(selection.from_sample if selection else 0) if chooses else None,
             selection_overlap_rows=selection_overlap,
         ),
         calibration_overlap=overlap,
@@ -372,7 +378,8 @@ def _check_gate_metric(recipe: Recipe, task: Task, outputs: list[OutputChoice]) 
                 continue
             reason = task.metrics_not_computed(choice.meta).get(metric.removeprefix(prefix))
             if reason is not None:
-                raise RecipeError(recipe.source, field, f"{metric!r} is not computed for output {choice.name!r}: {reason}")
+                raise RecipeError(recipe.source, field,
+                                  f"{metric!r} is not computed for output {choice.name!r}: {reason}")
 
 
 def _finite_rows(
@@ -414,11 +421,13 @@ def _training(
     unread: Mapping[str, bool] | None = None,
 ) -> dict[str, TrainingData]:
     """Feeds (fed as `data.inputs`, as calibration_feeds', their ids within `lookups`' tables) and labels for every QAT
-    variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into a number in training and in the
-    observers that calibrate on the `calibration` rows alike, so QAT never takes NaN/inf rows, whatever
-    data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads (content_table)."""
+    variant, from its `qat.train` filter (never an evaluation row: see training_rows). Fake quantization turns NaN into
+    a number in training and in the observers that calibrate on the `calibration` rows alike, so QAT never takes
+    NaN/inf rows, whatever data.nonfinite_inputs says (qat_refuses_nonfinite). `unread`: model inputs no output reads
+    (content_table)."""
     training = {}
-    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread, dtypes=numeric_dtypes(model.inputs))
+    by_content = (content_table(table, data, recipe_file=recipe.source, unread=unread,
+                                dtypes=numeric_dtypes(model.inputs))
                   if any(v.qat for v in recipe.variants) else table)  # fmt: skip
     for index, spec in enumerate(recipe.variants):
         if spec.qat is None:
@@ -427,7 +436,8 @@ def _training(
         rows = training_rows(table, spec.qat.train.filter, eval_rows, field=field, recipe_file=recipe.source)
         rows = _finite_rows(recipe, rows, nonfinite, {}, f"{spec.name} training")
         rows = rows[: spec.qat.train.limit] if spec.qat.train.limit is not None else rows
-        warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows), f"{spec.name} training",
+        warn_shared(shared_rows(by_content, rows, evaluated, recipe.data.fed_columns), len(rows),
+                    f"{spec.name} training",
                     "the same rows twice in the table")  # fmt: skip
         if recipe.data.nonfinite_inputs == "keep":
             qat_refuses_nonfinite(recipe.source, spec.name, index, (rows, nonfinite), calibration)

@@ -110,7 +110,8 @@ def _check_rows(
             remedy = variable_length(_graph(path), name) or _per_call(name, values, size)
             raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: output {name!r} had shape "
                               f"{list(values.shape)} for {size} rows fed; expected {size} on its axis 0, one output "
-                              f"row per input row: qbench reads axis 0 of every output as the batch, {remedy}")  # fmt: skip
+                              "row per input row: qbench reads axis 0 "
+                              f"of every output as the batch, {remedy}")  # fmt: skip
     unfixed = unfixed_length(path, list(reference))
     if unfixed is not None:
         raise RecipeError(recipe.source, _field(recipe), f"{_inputs(model, batch)}: {unfixed}")
@@ -121,7 +122,8 @@ def _check_rows(
     # Each row without the others, as a served row comes: a value computed over the batch (a scripted
     # `if x.sum() > 0:`) may agree between 8 rows and 4 of them, and still differ for one row.
     alone = range(min(size, CHECKED_ROWS))
-    across = f"{_EXPECTED}, {_ACROSS_ROWS}" if _field(recipe) == "model.path" else _expected(recipe)  # model.torch: its remedy names those
+    # model.torch: its remedy names those
+    across = f"{_EXPECTED}, {_ACROSS_ROWS}" if _field(recipe) == "model.path" else _expected(recipe)
     if batch is None:
         trials += [(np.array([row]), f"each of the same {size} rows was fed alone", across) for row in alone]
     else:
@@ -132,8 +134,8 @@ def _check_rows(
             got = _run(session, {name: array[picks] for name, array in rows.items()}, outputs)
         except Exception as exc:  # noqa: BLE001 - it ran on `size` rows: failing on fewer is the model's axis 0
             raise RecipeError(recipe.source, _field(recipe),
-                              f"{_inputs(model, batch)}: the model ran on {size} rows but "
-                              f"failed when {how}: {' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
+                              f"{_inputs(model, batch)}: the model ran on {size} rows but failed when {how}: "
+                              f"{' '.join(str(exc).split())}; {_expected(recipe)}") from None  # fmt: skip
         for name, values in reference.items():
             seen = rows_moved(name, values, got.get(name), picks, agreement)
             if seen is not None and (later := _rows_on_later_axis(values, got.get(name), picks)) is not None:
@@ -157,7 +159,8 @@ def _check_rows(
 
 
 def _check_repeatable(
-    recipe: Recipe, path: Path, model: ModelInfo, batch: int | None, session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
+    recipe: Recipe, path: Path, model: ModelInfo, batch: int | None,
+    session, rows: Mapping[str, np.ndarray],  # noqa: ANN001
     outputs: Mapping[str, int], reference: Mapping[str, np.ndarray], agreement: Agreement,
 ) -> None:  # fmt: skip
     """RecipeError when the same rows fed again to the same session give other outputs, beyond the kernels' own
@@ -239,7 +242,8 @@ def _run(session, feeds: Mapping[str, np.ndarray], outputs: Mapping[str, int]) -
 
 
 def rows_moved(name: str, reference: np.ndarray, got: np.ndarray | None, picks: np.ndarray,
-               agreement: Agreement, numbers: np.ndarray | None = None, *, per_row: bool = False) -> str | None:  # fmt: skip
+               agreement: Agreement, numbers: np.ndarray | None = None, *,
+               per_row: bool = False) -> str | None:  # fmt: skip
     """What was seen when `got` (the outputs of rows `picks`) is not `reference[picks]`; None when it is (the largest
     difference within tolerance goes to `agreement`). `numbers`: the row numbers to name (default: `picks`). The
     tolerance is relative to the largest magnitude of `reference`, or with `per_row` of each row's own outputs: a
@@ -301,11 +305,12 @@ def _batch_axis_dropped(reference: np.ndarray, got: np.ndarray | None, picks: np
 def _dropped_batch_axis(path: Path, name: str) -> str:
     """Why an output loses its batch axis for one row, and the fix: a Squeeze of every axis of size 1 (no axes
     given, as PyTorch's `.squeeze()` exports) takes the batch's too when one row is fed."""
-    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze" and (len(node.input) < 2 or not node.input[1])
+    squeezes = [node for node in _nodes(path) if node.op_type == "Squeeze"
+                and (len(node.input) < 2 or not node.input[1])
                 and not any(a.name == "axes" for a in node.attribute)]  # fmt: skip
-    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes ({squeezes[0].name or squeezes[0].output[0]!r}"
-             "), which drop every axis of size 1, the batch's too at one row" if squeezes else
-             "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
+    cause = (f"its graph holds {len(squeezes)} Squeeze node(s) given no axes "
+             f"({squeezes[0].name or squeezes[0].output[0]!r}), which drop every axis of size 1, the batch's too at "
+             "one row" if squeezes else "an axis of size 1 is dropped where the batch holds one row")  # fmt: skip
     return (f"output {name!r} drops its batch axis for a batch of one row ({cause}), so a batch of one row (a last "
             "batch, a served request) gives no row; expected one output row per input row at every batch size: "
             "squeeze named axes (PyTorch: .squeeze(-1), not .squeeze())")
@@ -319,7 +324,8 @@ def _same(got: np.ndarray, expected: np.ndarray) -> bool:
 
 
 def _short(value: object) -> str:
-    text = np.array2string(np.asarray(value), threshold=6, precision=4) if np.ndim(value) else repr(np.asarray(value).item())
+    array = np.asarray(value)
+    text = np.array2string(array, threshold=6, precision=4) if np.ndim(value) else repr(array.item())
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -55,7 +55,8 @@ class EvaluationSpec(_Strict):
     _check = field_validator("filter")(lambda v: None if v is None else check_filter(v))
 
 
-RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")  # scopes the gate judges besides slices: a slice so named reads as one
+# scopes the gate judges besides slices: a slice so named reads as one
+RESERVED_SCOPE_NAMES = ("overall", "outputs", "slo")
 
 
 def _check_slice_name(name: str | None) -> str | None:
@@ -228,7 +229,8 @@ class CsvSpec(_Strict):
 
 
 class DataSpec(_Strict):
-    path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; relative to the recipe", ...)
+    path: Path = path_field(".parquet, .csv, .tsv, .jsonl, .npz, or a `datasets` save_to_disk folder; "
+                            "relative to the recipe", ...)
     inputs: dict[str, _InputEntry] = Field(
         description="data column -> model input name, a text column -> {tokenizer: {...}}, or a column of image "
         "paths -> {image: {...}}"
@@ -300,7 +302,8 @@ class DataSpec(_Strict):
         paths = [self.path, *([self.calibration.path] if self.calibration.path is not None else [])]
         for option, kinds, fits in (("csv", ".csv/.tsv", _is_text_table),
                                     ("encoding", ".csv/.tsv/.jsonl/.ndjson", _is_text_file)):  # fmt: skip
-            if option in self.model_fields_set and getattr(self, option) is not None and not any(fits(p) for p in paths):
+            given = option in self.model_fields_set and getattr(self, option) is not None
+            if given and not any(fits(p) for p in paths):
                 calibration = f" and data.calibration.path {paths[1].name}" if len(paths) > 1 else ""
                 raise ValueError(f"{option}: describes {kinds} files, but data.path is {self.path.name}{calibration}; "
                                  "remove it")

@@ -118,7 +118,8 @@ def _quote_hint(value: Any, kinds: list[str]) -> str:
     if not _TEXT_KINDS & set(kinds):
         return ""
     if isinstance(value, bool):
-        return f" (YAML reads unquoted yes/no/on/off/true/false as true or false: quote text such as '{'yes' if value else 'no'}')"
+        return (" (YAML reads unquoted yes/no/on/off/true/false as true or false: quote text such as "
+                f"'{'yes' if value else 'no'}')")
     if isinstance(value, (int, float)):
         return f" (YAML reads it as a number: quote it, '{value}', to keep it text)"
     return ""

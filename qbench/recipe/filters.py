@@ -39,7 +39,8 @@ def check_filter(value: Any) -> dict[str, Any]:
             raise ValueError(f"column names are strings, got {short_repr(column)}")
         if isinstance(condition, dict):
             if not condition:
-                raise ValueError(f"column {short_repr(column)}: expected {{op: value}} with an op, got an empty mapping")
+                raise ValueError(f"column {short_repr(column)}: expected {{op: "
+                                 "value} with an op, got an empty mapping")
             checked[column] = {op: _as_written(operand) for op, operand in condition.items()}
             for op, operand in checked[column].items():
                 _check_operand(column, op, operand)

@@ -100,7 +100,8 @@ def check_metrics(recipe: Recipe) -> None:
     _check_metric_outputs(recipe)
     allowed = metric_names(recipe)
     outputs = recipe.model.outputs or []
-    if "metric" not in recipe.gate.model_fields_set and len(outputs) > 1 and not get_task(recipe.task).together:  # no default: one set per evaluated output
+    if "metric" not in recipe.gate.model_fields_set and len(outputs) > 1 and not get_task(recipe.task).together:
+        # no default: one set per evaluated output
         raise ValueError(f"gate.metric: not set, and task {recipe.task!r} evaluates several outputs "
                          f"({', '.join(outputs)}), each "
                          f"with its own metrics named 'output/metric'; expected one of {', '.join(sorted(allowed))}")

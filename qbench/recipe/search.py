@@ -28,7 +28,8 @@ TECHNIQUES = ("ort-dynamic", "smoothquant-dynamic", "smoothquant-static", "ort-s
 
 
 class SearchSpec(BaseModel):
-    """An automatic INT8 search: candidates screened cheaply, the promising ones evaluated in full, the fastest passing kept."""
+    """An automatic INT8 search: candidates screened cheaply, the promising ones evaluated in full, the fastest passing
+    kept."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 

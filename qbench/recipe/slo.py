@@ -49,9 +49,11 @@ class LoadSpec(_Strict):
     """The simulated server scenario: Poisson arrivals, a dynamic batcher, one model instance."""
 
     max_batch_size: int | None = Field(None, gt=0,
-                                       description="largest batch the batcher forms; default: the largest latency batch size")
+                                       description="largest batch the batcher forms; "
+                                                   "default: the largest latency batch size")
     max_queue_delay_ms: float | None = Field(
-        None, ge=0, allow_inf_nan=False, description="longest a request waits for a batch to fill; default: a tenth of the budget"
+        None, ge=0, allow_inf_nan=False,
+        description="longest a request waits for a batch to fill; default: a tenth of the budget"
     )
     requests: int = Field(5000, ge=100, le=1_000_000, description="simulated requests per rate")
     seed: Seed = 0

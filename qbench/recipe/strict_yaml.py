@@ -88,7 +88,8 @@ class _StrictLoader(yaml.SafeLoader):
             line = key_node.start_mark.line + 1
             if key in first_line:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {short_repr(key)} (first at line {first_line[key]})", key_node.start_mark
+                    None, None, f"duplicate key {short_repr(key)} (first at line {first_line[key]})",
+                    key_node.start_mark
                 )
             first_line[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -115,7 +116,8 @@ def _check_bounds(path: Path, root: Node) -> None:
             if len(node.value) > MAX_SCALAR_CHARS:
                 shown = short_repr(node.value)
                 raise RecipeError(
-                    path, f"line {line}", f"a value of {len(node.value)} characters ({shown}); at most {MAX_SCALAR_CHARS}"
+                    path, f"line {line}", f"a value of {len(node.value)} characters "
+                                          f"({shown}); at most {MAX_SCALAR_CHARS}"
                 )
             expanded[key] = 1
             return 1

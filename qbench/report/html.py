@@ -45,7 +45,8 @@ h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
 .verdict.none { background: #f2f2f2; border-color: #888; }
 .panels { display: flex; flex-wrap: wrap; gap: 1em; }
 svg.panel { background: #fff; border: 1px solid #ddd; font-size: 11px; }
-.legend span { margin-right: 1.2em; } .swatch { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; }
+.legend span { margin-right: 1.2em; }
+.swatch { display: inline-block; width: 0.8em; height: 0.8em; border-radius: 50%; }
 table { border-collapse: collapse; margin-top: 0.5em; } th, td { border: 1px solid #ddd; padding: 0.3em 0.6em; }
 th { background: #f5f5f5; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.ok { background: #c8e6c9; } td.near { background: #ffe0b2; } td.breach { background: #ffcdd2; font-weight: 600; }
@@ -70,7 +71,8 @@ def _verdict_section(gate: GateReport | None) -> str:
     lines = [f'<section id="verdict" class="verdict {word.lower()}" data-verdict="{word}">',
              f"<h2>Gate on {escape(gate.metric_text)}: {word}</h2>",
              f"<p>{len(gate.gated)} variant × backend pairs gated, {len(judged)} checks judged, "
-             f"{len(gate.breaches)} breaches, {len(gate.problems)} problems that make results unusable.</p>"]  # fmt: skip
+             f"{len(gate.breaches)} breaches, {len(gate.problems)} "
+             "problems that make results unusable.</p>"]  # fmt: skip
     if gate.breaches:
         lines.append("<ul class=\"breaches\">")
         lines += [f"<li>{escape(check_line(c))}{'' if c.scope == SLO_SCOPE else f' ({c.size} rows)'}</li>"
@@ -150,7 +152,8 @@ def _slice_section(results: SweepResults, gate: GateReport | None) -> str:
     for name in ["overall", *names]:
         scopes = [v.accuracy.overall if name == "overall" else v.accuracy.slice(name) for v in measured]
         size = next((s.size for s in scopes if s is not None), None)
-        cells = "".join(_cell(s, metric, checks.get((v.variant, v.backend, name)), v.key) for v, s in zip(measured, scopes))
+        cells = "".join(_cell(s, metric, checks.get((v.variant, v.backend, name)), v.key)
+                        for v, s in zip(measured, scopes))
         rows.append(f'<tr class="slice" data-slice="{escape(name)}"><th>{escape(name)}</th>'
                     f'<td class="num">{size if size is not None else "—"}</td>{cells}</tr>')  # fmt: skip
     legend = (f"{escape(metric)} (drop vs FP32, positive = worse). Green: within the gate's tolerance; amber: "

@@ -76,7 +76,8 @@ def range_view(results: SweepResults) -> RangeView | None:
     unattributed = (f"{len(analysis.unattributed)} tensor(s) have no batch-first dimension: counted in overall only"
                     if analysis.unattributed else None)  # fmt: skip
     inside = analysis.subgraph_nodes
-    holders = ", ".join(f"`{name}`" for name in list(inside)[:_PEAKS_SHOWN]) + (", ..." if len(inside) > _PEAKS_SHOWN else "")
+    more = ", ..." if len(inside) > _PEAKS_SHOWN else ""
+    holders = ", ".join(f"`{name}`" for name in list(inside)[:_PEAKS_SHOWN]) + more
     unanalysed = (f"not analysed: {sum(inside.values())} node(s) inside the control-flow subgraphs (If/Loop/Scan) of "
                   f"{holders}; their tensors are not graph outputs, so an overflow or clipping there is not shown"
                   if inside else None)  # fmt: skip
@@ -90,7 +91,8 @@ def range_view(results: SweepResults) -> RangeView | None:
         for r in analysis.clipping
     ]  # fmt: skip
     headers = ["variant", "slice", "calibration rows", "clipped", "worst node (tensor, clipped)"]
-    clipping = Grid("Activations outside each variant's calibrated ranges", headers, rows, frozenset({2, 3})) if rows else None
+    title = "Activations outside each variant's calibrated ranges"
+    clipping = Grid(title, headers, rows, frozenset({2, 3})) if rows else None
     return RangeView(intro, [_limit_lines(c, scopes) for c in analysis.limits], unattributed, unanalysed, clipping,
                      [w.message for w in analysis.warnings])  # fmt: skip
 
@@ -126,8 +128,10 @@ def ranges_html(results: SweepResults) -> str:
     items += [f"<li>{escape(view.unattributed)}</li>"] if view.unattributed else []
     items += [f"<li><strong>{html_inline(view.unanalysed)}</strong></li>"] if view.unanalysed else []
     lines = ['<section id="ranges">', f"<h2>{TITLE}</h2>", f'<p class="meta">{escape(view.intro)}</p>',
-             "<p>Tensors whose abs max exceeds a format's largest value:</p>", f'<ul class="limits">{"".join(items)}</ul>']  # fmt: skip
+             "<p>Tensors whose abs max exceeds a format's largest value:</p>",
+             f'<ul class="limits">{"".join(items)}</ul>']  # fmt: skip
     if view.clipping is not None:
         lines.append(to_html(view.clipping, "clipping", heading="h3"))
-    lines += [f'<p class="warning"><strong>Calibration coverage warning:</strong> {escape(w)}</p>' for w in view.warnings]
+    lines += [f'<p class="warning"><strong>Calibration coverage warning:</strong> {escape(w)}</p>'
+              for w in view.warnings]
     return "\n".join([*lines, "</section>"])

@@ -51,7 +51,8 @@ def search_rows(report: SearchReport) -> list[list[str]]:
     for index, r in enumerate(report.candidates):
         speed = _num(r.speedup, ".2f") + ("×" if r.speedup is not None and math.isfinite(r.speedup) else "")
         per_batch = " (" + ", ".join(f"{b} {v:.2f}" for b, v in r.speedups.items()) + ")" if r.speedups else ""
-        worst = f"{r.worst_slice} ({signed(r.worst_slice_drop)})" if r.worst_slice and r.worst_slice_drop is not None else _NONE
+        known_worst = r.worst_slice and r.worst_slice_drop is not None
+        worst = f"{r.worst_slice} ({signed(r.worst_slice_drop)})" if known_worst else _NONE
         rows.append([str(index), r.label, r.technique, _options(r), _kept(r), speed + per_batch,
                      signed(r.screen_drop), signed(r.drop), worst, one_line(r.verdict)])  # fmt: skip
     return rows
@@ -121,4 +122,5 @@ def search_html(results: SweepResults) -> str:
         body.append(f"<tr{mark}>{cells}</tr>")
     notes = "".join(f'<p class="meta">{escape(line)}</p>' for line in search_summary(report, results))
     return "\n".join(['<section id="search">', f"<h2>{escape(search_title(report))}</h2>", notes,
-                      f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>", "</section>"])  # fmt: skip
+                      f"<table><thead><tr>{head}</tr></thead><tbody>", *body, "</tbody></table>",
+                      "</section>"])  # fmt: skip

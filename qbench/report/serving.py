@@ -43,7 +43,8 @@ def _fmt(value: float | None, unit: str = "") -> str:
 def _slo_checks(gate: GateReport | None, variant: VariantResult) -> list[GateCheck]:
     if gate is None:
         return []
-    return [c for c in gate.checks if c.scope == SLO_SCOPE and (c.variant, c.backend) == (variant.variant, variant.backend)]
+    return [c for c in gate.checks if c.scope == SLO_SCOPE
+            and (c.variant, c.backend) == (variant.variant, variant.backend)]
 
 
 def accuracy_verdict(results: SweepResults, gate: GateReport | None, variant: VariantResult) -> str:
@@ -213,7 +214,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:
-            cost = f"${choice.usd_per_million:.4g} per million" if choice.usd_per_million is not None else "no price given"
+            priced = choice.usd_per_million is not None
+            cost = f"${choice.usd_per_million:.4g} per million" if priced else "no price given"
             rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
             instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
             if choice.usd_per_million_at_rate is not None and rate and instances:
@@ -266,11 +268,13 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     headers += [f"$/M b{bs}" for bs in sizes] + ["$/M at max req/s", "bound (estimate)", "accuracy", "SLO"]
     rows = [_row(results, gate, v, sizes) for v in measured]
     footer = [
-        "pre-proc: qbench's feed building (tokenisation included) per row; copies: host minus device time (GPU backends)",
+        "pre-proc: qbench's feed building (tokenisation included) "
+        "per row; copies: host minus device time (GPU backends)",
         "under load: Poisson arrivals, dynamic batcher, one model instance, simulated from the measured service times; "
         "overloaded: above what the instance sustains, its queue grows without bound (no p99)",
         f"simulated requests: those of the search for the highest rate within the budget (up to {MAX_REQUESTS:,}, "
-        f"within {MAX_BATCHES:,} simulated batches); not settled: that many did not place it, so the rate is claimed low",
+        f"within {MAX_BATCHES:,} simulated batches); not settled: "
+        "that many did not place it, so the rate is claimed low",
         "$/M: USD per million inferences = price per hour / 3600 / throughput x 1e6",
         "bound: model bytes x runs/s at batch 1 vs measured copy bandwidth; an estimate",
     ]
@@ -281,4 +285,5 @@ def serving_table(results: SweepResults, gate: GateReport | None) -> Grid | None
     lines = slo_lines(results, gate)
     breached = any(line.startswith("SLO BREACH") for line in lines)
     return Grid("Serving: where the time goes, load, cost", headers, [list(row) for row in rows],
-                frozenset(range(2, len(headers) - 3)), footer + lines, footer_style="red" if breached else "dim")  # fmt: skip
+                frozenset(range(2, len(headers) - 3)), footer + lines,
+                footer_style="red" if breached else "dim")  # fmt: skip

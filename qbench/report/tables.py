@@ -1,8 +1,7 @@
 """Human-readable views of a sweep: rich tables for the console, and report.md.
 
-Each table is built once as a neutral `Grid` (headers, cells, footnotes) and
-rendered either as a rich Table or as a Markdown table, so the console and the
-report always show the same figures.
+Each table is built once as a neutral `Grid` (headers, cells, footnotes) and rendered either as a rich Table or as a
+Markdown table, so the console and the report always show the same figures.
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ from qbench.validate.catalogue import custom_metrics, recorded_custom_metrics
 from qbench.validate.contention import contention_notes, oversubscription_note
 
 _DROP_NOTE = "drop: how much worse than FP32 (positive = worse)"
-_CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up compares "
-                   "loads, not variants, and ranks nothing on the frontier")  # fmt: skip
+_CONTENDED_NOTE = ("timed while other processes kept CPUs busy (the contention note says how many): this speed-up "
+                   "compares loads, not variants, and ranks nothing on the frontier")  # fmt: skip
 _UNSTABLE_NOTE = ("unstable latency: timing reached its run or time bound (latency.stability) before the last "
                   "windows' p50s agreed within the threshold; the figure may be off by more than that")  # fmt: skip
 
@@ -182,8 +181,8 @@ def _summary_grid(results: SweepResults, gate: GateReport | None) -> Grid:
               "figures: native, or emulated where the backend cannot compute the precision (see Notes)"]
     return Grid(f"Summary: {results.recipe.get('name', '')}", [h for h, _ in columns], rows,
                 frozenset(i for i, (_, numeric) in enumerate(columns) if numeric),
-                footer + mixed_timing_machines(results) + contention_notes(results) + slower_than_reference_notes(results)
-                + notes.lines())  # fmt: skip
+                footer + mixed_timing_machines(results) + contention_notes(results)
+                + slower_than_reference_notes(results) + notes.lines())  # fmt: skip
 
 
 def summary_table(results: SweepResults, gate: GateReport | None) -> Table:
@@ -375,7 +374,8 @@ def _header(results: SweepResults) -> str:
     ]
     for what, counts in results.dropped_nonfinite.items():
         shown = ", ".join(f"{column} {rows}" for column, rows in counts.items())
-        lines.append(f"- **{what.capitalize()} rows dropped for NaN/inf inputs:** {shown} (data.nonfinite_inputs: drop)")
+        lines.append(f"- **{what.capitalize()} rows dropped for NaN/inf "
+                     f"inputs:** {shown} (data.nonfinite_inputs: drop)")
     for what, counts in results.kept_nonfinite.items():
         shown = ", ".join(f"{column} {rows}" for column, rows in counts.items())
         where = f"slice {what.removeprefix('slice:')}" if what.startswith("slice:") else what

@@ -4,9 +4,9 @@ qbench adds checks that rest on figures the sweep records (an output's spread, w
 CPUs timings ran beside). A results file written before a figure was recorded lacks it, and so does one where there
 was nothing to record (FP32 decides no class on 5 rows): in the file the two look the same. So the sweep writes
 `evidence`, the name of every kind it recorded (all of EVIDENCE), and the gate applies a check only to results whose
-`evidence` names what the check needs; results lacking one cannot be judged on it (qbench.gate.evaluate.missing_evidence:
-exit 2, fail closed). Add a kind here when the sweep starts recording a figure a check reads, and have the check's
-module name it as its need.
+`evidence` names what the check needs; results lacking one cannot be judged on it
+(qbench.gate.evaluate.missing_evidence: exit 2, fail closed). Add a kind here when the sweep starts recording a figure
+a check reads, and have the check's module name it as its need.
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def _first_repeated(value: Any, repeated: dict[int, str], where: str) -> tuple[s
 READ_PARAMS: dict[str, Any] = {
     "quantized_nodes": int, "quantized_linears": int, "runtime.lowered_ops": int,  # variants.base.lowered_nothing
     "contractions": int, "lowered_contractions": int, "fp32_predictors": int,  # variants.fp16.partly_lowered
-    "lowered_after_predictors": dict[str, int],  # variants.fp16.computed_after: the gate's note on arithmetic after them
+    # variants.fp16.computed_after: the gate's note on arithmetic after them
+    "lowered_after_predictors": dict[str, int],
     "integer_kernels_of": str, "identical_to": str, "search.chosen_on": str,  # the gate's "computes in FP32" and
     "runtime.kernels": str, "runtime.graph_optimization_level": str,  # selection notes; the report's kernels, options
     "one_class_outputs": list[str],  # the gate's note on FP32 deciding one class (gate_notes.one_class_reference)

@@ -12,8 +12,9 @@
       closest, needed                             unresolved or unreachable: the pick and what it would take (the
                                                   rows that would resolve its pass)
       fp32_p50_ms                                 FP32's p50 per batch size under the search's quick timing
-      selection_rows                              rows candidates were judged and chosen on, none calibrated on or evaluated
-                                                  (qbench.selection_rows); None: chosen on the evaluation rows themselves
+      selection_rows                              rows candidates were judged and chosen on, none calibrated on or
+                                                  evaluated (qbench.selection_rows); None: chosen on the evaluation rows
+                                                  themselves
       candidates                                  CandidateRecord, in the order they were tried
     CandidateRecord
       label, technique, options, keep_float       what was built (keep_float: node names left in floating point)
@@ -30,7 +31,8 @@
       passed, verdict                             the gate's verdict there; a one-line verdict (the searched variant's
                                                   own verdict is the gate's, on the evaluation rows)
       unresolved                                  a pass on too few selection rows to resolve the tolerance
-                                                  (qbench.gate.resolution): why, with the rows that would; None otherwise
+                                                  (qbench.gate.resolution): why, with the rows that would; None
+                                                  otherwise
       unresolved_on_spread                        that pass falls short on the spread of its own figures, not on the
                                                   rows alone (which no candidate on the same rows could resolve either)
       smoothing                                   a SmoothQuant candidate: what its smoothing did on this graph

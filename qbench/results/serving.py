@@ -103,7 +103,8 @@ def _float(value: Any) -> float | None:
 
 def _price(value: Any, where: str) -> float | None:
     """A recorded price per hour: null (none given) or a positive number, as a recipe's `cost:` takes; the costs are
-    computed from it when judged (qbench.pricing.repriced), where 0 or a negative price would name a variant the cheapest."""
+    computed from it when judged (qbench.pricing.repriced), where 0 or a negative price would name a variant the
+    cheapest."""
     price = _float(value)
     if price is not None and not (price > 0 and math.isfinite(price)):
         raise QbenchError(f"{where}: got {value!r}, expected a positive number (USD per hour) or null")

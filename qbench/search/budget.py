@@ -11,9 +11,9 @@ starts only when its predicted seconds plus the `reserve` (the finalists' re-tim
 fit in what is left. A kind's predicted cost is the longest it took so far in this search (on a loaded machine the
 load changes over a search: the longest is the one most likely to hold again), seeded by FP32's measurements at the
 search's start. The budget used to stop only new steps, and a step started just before it ran out ran to its end:
-the MiniLM demo's search took 68.9 s of its 60 s budget (163.7 s under load). Steps the search's rules force (`start(..., forced=True)`: until a
-candidate is measured, the finalists' first re-timing rounds, the pick's evaluation) run whatever the prediction, and
-a search past its budget says so (`overrun_note`).
+the MiniLM demo's search took 68.9 s of its 60 s budget (163.7 s under load). Steps the search's rules force
+(`start(..., forced=True)`: until a candidate is measured, the finalists' first re-timing rounds, the pick's
+evaluation) run whatever the prediction, and a search past its budget says so (`overrun_note`).
 """
 
 from __future__ import annotations
@@ -127,7 +127,8 @@ class Budget:
         if timed:
             return self.build_cost(technique) + self.cost(SCREEN)
         untimed = self.costs.get(UNTIMED_SCREEN)
-        return self.build_cost(technique) + (max(untimed) if untimed else max(self.cost(SCREEN) - self.cost(TIMED_RUN), 0.0))
+        return self.build_cost(technique) + (max(untimed) if untimed
+                                             else max(self.cost(SCREEN) - self.cost(TIMED_RUN), 0.0))
 
     def reserve(self, records: Sequence[CandidateRecord], evaluating: int | None = None) -> float:
         """What must still run after a step: the finalists' first re-timing rounds (one finalist more than pass now:

@@ -50,7 +50,8 @@ def quantized_names(reference_path: Path, built: BuiltVariant) -> set[str]:
 
 
 def noisiest_first(reference_path: Path, built: BuiltVariant, feeds: dict[str, np.ndarray], backend: Backend,
-                   options: RunOptions, workdir: Path, fixed_batch: int | None, seconds_left: float) -> Ranking:  # fmt: skip
+                   options: RunOptions, workdir: Path, fixed_batch: int | None,
+                   seconds_left: float) -> Ranking:  # fmt: skip
     """The nodes `built` quantized whose noise could be measured on `feeds`, the costliest first (see the module
     docstring); `seconds_left`: the search's time budget left."""
     nodes = quantized_nodes(load_model(reference_path), built)
@@ -64,7 +65,8 @@ def noisiest_first(reference_path: Path, built: BuiltVariant, feeds: dict[str, n
 
 
 def ranked_nodes(reference_path: Path, built: BuiltVariant, feeds: dict[str, np.ndarray], backend: Backend,
-                 options: RunOptions, workdir: Path, fixed_batch: int | None, seconds_left: float) -> Ranking:  # fmt: skip
+                 options: RunOptions, workdir: Path, fixed_batch: int | None,
+                 seconds_left: float) -> Ranking:  # fmt: skip
     """`noisiest_first`, said on the console, or no names where the noise cannot be measured (without a ranking there
     are no keep-float candidates; a disk that cannot be written is raised: another candidate would be picked for it)."""
     try:

@@ -72,5 +72,6 @@ def retime_rounds(
         if count >= RETIME_ROUNDS and (settled(timed, tie) or not room(longest)):
             break
     shared = set.intersection(*(set(t) for rounds in timed.values() for t in rounds))
-    medians = {key: {b: statistics.median(t[b] for t in rounds) for b in sorted(shared)} for key, rounds in timed.items()}
+    medians = {key: {b: statistics.median(t[b] for t in rounds) for b in sorted(shared)}
+               for key, rounds in timed.items()}
     return medians, len(timed[None])

@@ -191,8 +191,10 @@ class _Search(KeepFloatStage):
         same = twin_of is not None and kernels_digest(built.onnx_path) == kernels_digest(self.built[twin_of].onnx_path)
         timed_as = twin_of if same else None
         with self.budget.timing(SCREEN if timed_as is None else UNTIMED_SCREEN):
-            measured = measure(self.backend, built, self.prepared, rows=self.screen, reference=self.fp32_screen.reference,
-                               timing=self.timing if timed_as is None else None, quiet=True, clock=self.clock)  # fmt: skip
+            measured = measure(self.backend, built, self.prepared, rows=self.screen,
+                               reference=self.fp32_screen.reference,
+                               timing=self.timing if timed_as is None else None, quiet=True,
+                               clock=self.clock)  # fmt: skip
             if measured.result.status != "ok":
                 self.records[index] = record
                 self._failed_to_run(index, measured.result.error)
@@ -282,7 +284,8 @@ class _Search(KeepFloatStage):
         if measured.result.status != "ok":
             self._failed_to_run(index, measured.result.error)
             return
-        verdict = judge(self.fp32.result, measured.result, self.gate, self.gated_tolerances(), self.rows.distinct_inputs)
+        verdict = judge(self.fp32.result, measured.result, self.gate, self.gated_tolerances(),
+                        self.rows.distinct_inputs)
         self.records[index] = evaluated_record(record, verdict, measured.result)
         logger.info(progress_line(self.records[index], self.gate.metric))
 

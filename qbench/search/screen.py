@@ -32,14 +32,16 @@ MIN_SLICE_ROWS = 3  # screening rows taken from every slice (when it has them)
 VERDICT_CHARS = 300  # a verdict is a table cell: an ORT error's newlines collapsed, cut there
 
 
-def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int, per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
+def screening_indices(slices: Mapping[str, np.ndarray], rows: int, wanted: int,
+                      per_slice: int = MIN_SLICE_ROWS) -> np.ndarray:
     """About `wanted` row indices spread evenly over `rows`, plus at least `per_slice` rows of every slice
     (all of a smaller one), sorted."""
     picked = set(np.linspace(0, rows - 1, num=min(wanted, rows)).round().astype(int).tolist())
     for mask in slices.values():
         members = np.flatnonzero(mask)
         if len(members):
-            picked |= set(members[np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)].tolist())
+            spread = np.linspace(0, len(members) - 1, num=min(per_slice, len(members))).round().astype(int)
+            picked |= set(members[spread].tolist())
     return np.asarray(sorted(picked), dtype=int)
 
 
@@ -99,7 +101,8 @@ def worst_slice(verdict: GateReport) -> tuple[str | None, float | None]:
     """The slice whose drop in the gate's metric is furthest from its tolerance, and that drop (the report's 'worst
     slice (drop)' and what `select.needed` measures against max_slice_drop: another check's figure is no such drop)."""
     judged = [c for c in verdict.checks
-              if c.scope not in ("overall", "slo") and c.status != "skipped" and c.metric == verdict.metric]  # fmt: skip
+              if c.scope not in ("overall", "slo") and c.status != "skipped"
+              and c.metric == verdict.metric]  # fmt: skip
     worst = max(judged, key=lambda c: c.drop / c.tolerance if c.tolerance > 0 else c.drop, default=None)
     return (worst.scope, worst.drop) if worst else (None, None)
 
@@ -118,7 +121,8 @@ def progress_line(record: CandidateRecord, metric: str, *, screened_rows: int | 
     if screened_rows is None:
         return f"  evaluate {r.label}: {metric} {r.metric:.4f}, {r.verdict}"
     speed = f"{r.speedup:.2f}× FP32" if r.speedup is not None and math.isfinite(r.speedup) else "speed n/a"
-    return f"  screen {r.label}: {metric} {r.screen_metric:.4f} on {screened_rows} rows (excess {r.screen_excess:.2f}), {speed}"
+    return (f"  screen {r.label}: {metric} {r.screen_metric:.4f} on {screened_rows} rows (excess "
+            f"{r.screen_excess:.2f}), {speed}")
 
 
 def p50s(result: VariantResult) -> dict[int, float]:

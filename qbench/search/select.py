@@ -197,7 +197,8 @@ def slower_than_reference(record: CandidateRecord, tie: float = TIE) -> str | No
     return f"the fastest passing candidate is slower than FP32 at {shown}: there FP32 (or FP16) is the faster choice"
 
 
-def picked(records: Sequence[CandidateRecord], unresolved: str, tie: float = TIE) -> tuple[int | None, int | None, bool]:
+def picked(records: Sequence[CandidateRecord], unresolved: str,
+           tie: float = TIE) -> tuple[int | None, int | None, bool]:
     """(the candidate chosen, None where none passes as the gate would count it on the same figures under
     `gate.unresolved: unresolved`; the one kept, the closest where none is chosen; whether its pass is unresolved: too
     few rows, or a scope no gated metric judges, JudgedPass.counted)."""

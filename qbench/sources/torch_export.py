@@ -42,8 +42,8 @@ EXPORT_TOLERANCE = 1e-4  # largest |torch - onnxruntime| difference accepted (ab
 OTHER_BATCH = 3  # not the example's batch (2), nor a multiple of it: a traced `view(2, -1)` cannot fit by chance
 ROWS_CHECKED = 32  # evaluation rows, spread over them, an export is checked on when forward() read no Python value
 _PYTHON_VALUE = "Converting a tensor to a Python"  # the tracer's warning: a tensor read as a number or a bool
-_ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({EXAMPLE_BATCH}, -1), and no Python loop "
-              "over the rows (for i in range(x.shape[0]))")
+_ANY_BATCH = (f"write x.flatten(1) or x.view(x.size(0), -1) rather than x.view({EXAMPLE_BATCH}, -1), and no Python "
+              "loop over the rows (for i in range(x.shape[0]))")
 
 
 def export_reference(torch_model: TorchModel, cache_dir: Path | None = None) -> Path:
@@ -96,13 +96,14 @@ def refresh_export(torch_model: TorchModel, path: Path, inputs: Sequence[Any]) -
     when that one computes what forward() computes on them; True when replaced.
 
     A cached export is checked before reuse on the example inputs only, and those can miss an edit to code the
-    cache key does not cover (a function of a package installed outside the project): token ids that are all 0 pool alike whether forward()
-    takes their mean or the first one. Without this the stale export stayed in the cache and the recipe was
-    refused as data-dependent control flow, on every run, for code that exports correctly."""
+    cache key does not cover (a function of a package installed outside the project): token ids that are all 0 pool
+    alike whether forward() takes their mean or the first one. Without this the stale export stayed in the cache and
+    the recipe was refused as data-dependent control flow, on every run, for code that exports correctly."""
     problem = _export_into(torch_model, path, inputs)
     if problem is None:
         logger.warning("the cached export %s was not what forward() computes now on the recipe's rows: code "
-                       "forward() runs changed outside the files the cache key covers; exported again", path)  # fmt: skip
+                       "forward() runs changed outside the files the cache key covers; exported again",
+                       path)  # fmt: skip
     return problem is None
 
 
@@ -272,8 +273,8 @@ def _length_problem(torch_model: TorchModel, path: Path, session: Any, ids_as_ma
         if finding is not None:
             return Problem(
                 f"follows only the example's length of {example} along axis {next(iter(axes))} of {name!r}, which "
-                f"{torch_model.length_field} makes vary between batches: at length {length} {finding}; expected a forward() "
-                f"that takes any length (a length read as a Python number, x.view(b, {example}, -1) or "
+                f"{torch_model.length_field} makes vary between batches: at length {length} {finding}; expected a "
+                f"forward() that takes any length (a length read as a Python number, x.view(b, {example}, -1) or "
                 f"int(x.size(1)), is traced as a constant), or padding: max_length with max_length: {example}, which "
                 "feeds every row at the example's length", torch_model.length_field)  # fmt: skip
     return None
@@ -358,7 +359,8 @@ def _largest_difference(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def _described(names: Sequence[str], inputs: Sequence[Any]) -> str:
-    return ", ".join(f"{name} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in zip(names, inputs, strict=True))
+    return ", ".join(f"{name} {list(t.shape)} "
+                     f"{str(t.dtype).removeprefix('torch.')}" for name, t in zip(names, inputs, strict=True))
 
 
 # -- values forward() read as Python numbers: the export holds the example's -------------------------------------
@@ -407,7 +409,8 @@ def _python_values_read() -> Iterator[list[str]]:
                 warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any], batch_size: int) -> tuple[str, list[Any]] | None:
+def rows_difference(torch_model: TorchModel, path: Path, feeds: Sequence[Any],
+                    batch_size: int) -> tuple[str, list[Any]] | None:
     """How the export at `path` differs from forward() on the recipe's evaluation rows (`feeds`, one array per
     input), and the inputs it differs on; None when it agrees.
 

@@ -1,20 +1,18 @@
 """A PyTorch module as the FP32 source: import the factory, load a weights-only state_dict, export once.
 
-Trust model: the factory (`model.torch: package.module:factory`) is code the user
-chose to run, imported like any Python import with the recipe's folder first on
-`sys.path`. The weights are data, and data must not run code: they are read with
-`torch.load(weights_only=True)`, which refuses files holding pickled Python objects
-(a whole `torch.save(model)`); only a plain state_dict loads.
+Trust model: the factory (`model.torch: package.module:factory`) is code the user chose to run, imported like any Python
+import with the recipe's folder first on `sys.path`. The weights are data, and data must not run code: they are read
+with `torch.load(weights_only=True)`, which refuses files holding pickled Python objects (a whole `torch.save(model)`);
+only a plain state_dict loads.
 
-The FP32 reference is exported with the TorchScript exporter and cached in
-`$QBENCH_CACHE_DIR` (default `~/.cache/qbench`) as `exports/<key>/model.onnx` (`qbench.sources.torch_export`).
-The key hashes what the export depends on: the module's tensors after loading, the source files of every class in
-the module (its submodules' classes and their bases, wherever they are defined), every file of the user's project
-the process has imported once the module is built and has run (modules under the recipe's folder or the factory
-module's, so a helper forward() calls from another file; installed packages and the standard library are left
-out), the example shapes and dtypes, the output names, the opset and the torch version. Code outside the project
-(an installed package) is not in the key: a cached export is checked against forward() before it is reused, and
-exported again when it differs.
+The FP32 reference is exported with the TorchScript exporter and cached in `$QBENCH_CACHE_DIR` (default
+`~/.cache/qbench`) as `exports/<key>/model.onnx` (`qbench.sources.torch_export`). The key hashes what the export depends
+on: the module's tensors after loading, the source files of every class in the module (its submodules' classes and their
+bases, wherever they are defined), every file of the user's project the process has imported once the module is built
+and has run (modules under the recipe's folder or the factory module's, so a helper forward() calls from another file;
+installed packages and the standard library are left out), the example shapes and dtypes, the output names, the opset
+and the torch version. Code outside the project (an installed package) is not in the key: a cached export is checked
+against forward() before it is reused, and exported again when it differs.
 """
 
 from __future__ import annotations
@@ -87,7 +85,8 @@ class TorchModel:
         axes, when given), the declared dtype; `ids_as_masks`: integer inputs hold what masks hold (_example_inputs)."""
         shapes = self.input_shapes
         if length is not None:
-            shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size for axis, size in enumerate(shape))
+            shapes = {name: tuple(length if axis in self.lengths.get(name, {}) else size
+                                  for axis, size in enumerate(shape))
                       for name, shape in shapes.items()}  # fmt: skip
         return _example_inputs(shapes, self.input_dtypes, batch, ids_as_masks=ids_as_masks)
 
@@ -309,7 +308,8 @@ def _bind_forward_arguments(recipe: Recipe, module: torch.nn.Module, names: list
         raise RecipeError(recipe.source, "model.example_inputs", message)
     else:
         covered = set(positional[: len(names)])  # by position
-    uncovered = [p.name for p in parameters if p.name not in covered and p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    uncovered = [p.name for p in parameters if p.name not in covered and p.default is p.empty
+                 and p.kind is not p.VAR_KEYWORD]
     if uncovered:
         message = f"forward() argument {uncovered[0]!r} has no default and no example input: got {names}"
         raise RecipeError(recipe.source, "model.example_inputs", message)
@@ -333,10 +333,11 @@ def _refuse_names_at_other_positions(recipe: Recipe, names: list[str], positiona
 
 
 def _refuse_a_mapping_forward(recipe: Recipe, module: torch.nn.Module, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Refuse, in one line, a forward() that takes one dict (`batch["features"]`) or tuple of tensors, which fails on the
-    positional tensors the exporter passes with an error from inside the user's code (an IndexError).
+    """Refuse, in one line, a forward() that takes one dict (`batch["features"]`) or tuple of tensors, which fails on
+    the positional tensors the exporter passes with an error from inside the user's code (an IndexError).
 
-    Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward() has failed."""
+    Found by calling forward() once with the example inputs as one dict, then as one tuple: only called once forward()
+    has failed."""
     torch = _import_torch()
     dtypes = {name: recipe.model.input_dtype(name) for name in shapes}
     tensors = _example_inputs(shapes, dtypes, EXAMPLE_BATCH)
@@ -455,7 +456,8 @@ def _project_sources_sha256(recipe: Recipe, source: Path) -> dict[str, str]:
 # -- the cached FP32 export (qbench.sources.torch_export) ----------------------------------------
 
 
-def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor], dynamic: Mapping[str, Mapping[int, str]]) -> None:
+def _declare_unused_inputs(path: Path, examples: Mapping[str, torch.Tensor],
+                           dynamic: Mapping[str, Mapping[int, str]]) -> None:
     """Declare forward() arguments the exporter dropped (the model ignores them) as graph inputs nothing reads, with
     the `dynamic` axes the others have, so the exported graph takes the feeds the module takes."""
     import onnx

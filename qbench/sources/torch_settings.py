@@ -49,7 +49,8 @@ def _plain(value: Any, depth: int) -> str:
     kind = type(value).__qualname__
     if depth == 0 or isinstance(value, (torch.nn.Module, *_PROCESS_STATE)) or callable(value):
         return kind
-    if hasattr(type(value), "__array__"):  # numpy arrays and scalars, pandas frames: their values (no public attributes)
+    if hasattr(type(value), "__array__"):
+        # numpy arrays and scalars, pandas frames: their values (no public attributes)
         array = np.asarray(value)
         if array.dtype.kind == "O":  # objects: their bytes are addresses
             return f"{kind}({array.shape},{_plain(array.tolist(), depth - 1)})"

@@ -47,7 +47,8 @@ def _read_state_dict(recipe: Recipe, path: Path) -> Mapping[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if not _holds_pickled_objects(exc):
-            raise RecipeError(recipe.source, "model.weights", f"cannot read {path}: {type(exc).__name__}: {exc}") from None
+            raise RecipeError(recipe.source, "model.weights",
+                              f"cannot read {path}: {type(exc).__name__}: {exc}") from None
         raise RecipeError(
             recipe.source, "model.weights",
             f"{path} refused: it holds pickled Python objects, which could run code; "
@@ -96,8 +97,10 @@ def _load_weights(recipe: Recipe, module: torch.nn.Module, state: Mapping[str, t
 
 
 _EXTRA_PREFIX = ("every key in the file starts with {0!r} (a wrapper's state_dict: DataParallel's 'module.', "
-                 "torch.compile's '_orig_mod.'); save the wrapped module's own state_dict, or strip {0!r} from the keys")
-_MISSING_PREFIX = "the file's keys lack the module's prefix {0!r}: it holds that submodule's state_dict; save the whole module's"
+                 "torch.compile's '_orig_mod.'); save the wrapped "
+                 "module's own state_dict, or strip {0!r} from the keys")
+_MISSING_PREFIX = ("the file's keys lack the module's prefix {0!r}: it holds "
+                   "that submodule's state_dict; save the whole module's")
 
 
 def _prefix_hint(expected: set[str], given: set[str]) -> str:

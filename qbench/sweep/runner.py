@@ -144,9 +144,11 @@ def _sweep(recipe: Recipe, started: float, clock: PhaseClock, *, track: bool, re
             # absolute: builders may change the cwd; the recipe file named, so a gate tells its runs from others'
             run_dir = new_run_dir(recipe.output_path / recipe.name, recipe.source)
             announce_run(run_dir)  # a crash of this process is then reported with its run folder (qbench.supervisor)
+            # what a resume compares
             write_plan(run_dir, plan, resumes=resume_from,
-                       project_modules={name: entry.sha256 for name, entry in modules.items()})  # what a resume compares
-            # `qbench gate` then knows an untracked run is in no MLflow store, and a tracked one's store wherever it runs
+                       project_modules={name: entry.sha256 for name, entry in modules.items()})
+            # `qbench gate` then knows an untracked run is in no MLflow store, and a tracked one's store wherever it
+            # runs
             record_tracking(run_dir, track, mlflow_uri)
         except Interrupted as exc:
             raise EndedBySignal(f"sweep {exc} before anything was measured; nothing was written", exc) from None
@@ -236,7 +238,8 @@ class _Progress:
                                                  resumes=resumes, wait=recipe.executor.kind != "local")  # fmt: skip
 
     def started(self, variant: str, backend: str) -> None:
-        """`variant` is being measured on `backend` (or searched: a build that times candidates); its MLflow run opens."""
+        """`variant` is being measured on `backend` (or searched: a build that times candidates); its MLflow run
+        opens."""
         if self.tracker is not None:
             with self.guard.shielded():
                 self.tracker.variant_started(variant, backend)

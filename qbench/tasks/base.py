@@ -211,7 +211,8 @@ class Task(ABC):
 
     @abstractmethod
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         """Per-row quantities of `outputs` vs `reference` (FP32) and `labels`, ready to summarise per slice.
 
@@ -265,7 +266,8 @@ class Task(ABC):
         inputs the rows were run with, and SEQUENCE_IDS where known (which tokens a row's answer may lie in)."""
         raise QbenchError(f"task {self.name!r} judges each output on its own")
 
-    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
+    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None,
+                      stated: bool | None) -> ScaleReading | None:
         """How `rows` reads several score columns of these FP32 outputs, probabilities or logits, and why (None when
         it reads no such scale); `stated`: the graph's word. FP32's notes give it."""
         return None

@@ -97,7 +97,8 @@ def _near_class(values: Sequence[Any], missing: np.ndarray, classes: Sequence[An
     near = [name for name in classes if str(name).strip().casefold() == value.strip().casefold()]
     if not near:
         return ""
-    return f"; {value!r} differs from class {str(near[0])!r} only in case or surrounding spaces (labels name a class exactly)"
+    return (f"; {value!r} differs from class {str(near[0])!r} only in "
+            "case or surrounding spaces (labels name a class exactly)")
 
 
 def class_key(value: object) -> str:

@@ -72,15 +72,17 @@ def below_chance(
         return None
     classes = round(1.0 / chance)
     if named:
-        hint = f"check the order of data.classes ({listed_classes(named)}): it names each score column's class in column order"
+        hint = (f"check the order of data.classes ({listed_classes(named)}): "
+                "it names each score column's class in column order")
         if one_score_column(output):
             hint += f"; {ONE_COLUMN_CLASSES}"
     elif (stated := column_classes(output)) is not None:  # data.classes is refused beside a class table
-        hint = (f"the graph names its classes ({listed_classes(stated)}), so a number label is the position of its class "
-                f"there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
+        hint = (f"the graph names its classes ({listed_classes(stated)}), so a number label is the position of its "
+                f"class there (0: {stated[0]}); write the labels as those classes, or recode them to those positions")
     else:
         hint = "if the labels are not the score columns' numbers, name each column's class with data.classes"
-    guess = "" if unpaired_rate is None else f" and a guess answering each class as often as FP32 does ({unpaired_rate:.4f})"
+    guess = "" if unpaired_rate is None else (" and a guess answering each class as "
+                                              f"often as FP32 does ({unpaired_rate:.4f})")
     return (f"FP32 accuracy {accuracy:.4f} on output {output.name!r} is below a uniform guess over {classes} classes "
             f"({1.0 / classes:.4f}){guess}: {hint}")  # fmt: skip
 

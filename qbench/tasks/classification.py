@@ -142,10 +142,12 @@ def _class_codes(predicted: np.ndarray, reference: np.ndarray,
 class Classification(Task):
     name = "classification"
     metric_infos = (
-        share_of_rows("accuracy", True, "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
+        share_of_rows("accuracy", True,
+                      "top-1 accuracy vs labels (vs FP32 top-1 without labels), per row or scored token",
                       decisions="agreement", row_mean=True),
         share_of_rows("agreement", True, "fraction of rows (scored tokens) whose top-1 matches FP32"),
-        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32", row_mean=True),
+        share_of_rows("flip_rate", False, "fraction of rows (scored tokens) whose top-1 differs from FP32",
+                      row_mean=True),
         MetricInfo("kl_mean", False, "mean KL(FP32 || variant) of the softmax outputs (score outputs only)", low=0.0),
         MAX_ABS_ERROR,
     )
@@ -203,8 +205,9 @@ class Classification(Task):
         if other is not None:
             if not any(named_labels(o) for o, _ in stated):
                 return values  # score outputs that disagree on their classes: the values are judged as ids
-            raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes ({listed_classes(classes)}"
-                             f"; {listed_classes(other[1])}): expected one of them in model.outputs")  # fmt: skip
+            raise LabelError(f"outputs {named.name!r} and {other[0].name!r} state different classes "
+                             f"({listed_classes(classes)}; {listed_classes(other[1])}): "
+                             "expected one of them in model.outputs")  # fmt: skip
         names = {k for k in classes if isinstance(k, str)}
         if len(names) == len(classes) and not any(
             isinstance(as_number(v), str) or class_key(v) in names for v in values
@@ -214,8 +217,9 @@ class Classification(Task):
         # classes '0', '1', '10', '2' (sorted as text) is class '2' (column 3), never column 2 ('10').
         ids = [o.name for o in outputs if o.kind == "tensor" and is_integer(o) and not named_labels(o)]
         if ids:
-            raise LabelError(f"output {named.name!r} scores the classes {listed_classes(classes)} by column, while output "
-                             f"{ids[0]!r} gives class values: expected one of them in model.outputs")  # fmt: skip
+            raise LabelError(f"output {named.name!r} scores the classes {listed_classes(classes)} by column, while "
+                             f"output {ids[0]!r} gives class values: "
+                             "expected one of them in model.outputs")  # fmt: skip
         unknown = f"name classes the output {named.name!r} does not have (its classes: {listed_classes(classes)})"
         return label_columns(values, classes, positions, unknown=unknown)
 
@@ -260,8 +264,9 @@ class Classification(Task):
         given = np.unique(np.asarray(values).reshape(-1))
         if not np.isin(labels, given).any():
             raise LabelError(f"no label is a value FP32's output {output.name!r} gives (labels: "
-                             f"{listed_classes(np.unique(labels))}; output: {listed_classes(given)}): expected labels in the output's "
-                             "coding (its class ids, or the classes the model was trained on)")  # fmt: skip
+                             f"{listed_classes(np.unique(labels))}; output: {listed_classes(given)}): expected labels "
+                             "in the output's coding (its class ids, "
+                             "or the classes the model was trained on)")  # fmt: skip
 
     def output_rank(self, output: TensorMeta) -> int | None:
         if self.output_problem(output) is not None:
@@ -287,7 +292,8 @@ class Classification(Task):
         if output.passthrough_of is not None:
             return f"output {output.name!r} is a copy of the input {output.passthrough_of!r}, not a prediction"
         if output.kind == "map":
-            return None if output.dtype.kind == "f" else f"output {output.name!r} ({output.type_name}) has no float scores"
+            return None if output.dtype.kind == "f" else (f"output {output.name!r} "
+                                                          f"({output.type_name}) has no float scores")
         if output.kind != "tensor":
             return container_problem(self.name, output)
         if is_integer(output) or named_labels(output):
@@ -296,8 +302,8 @@ class Classification(Task):
                 return f"{kind} output {output.name!r} of shape {list(output.shape)} is neither class ids nor scores"
             return None
         if output.dtype == object:
-            return (f"output {output.name!r} holds strings the graph states no class table for (no ONNX-ML classifier's "
-                    "label nor a constant table it is looked up in): neither class ids nor scores")
+            return (f"output {output.name!r} holds strings the graph states no class table for (no ONNX-ML "
+                    "classifier's label nor a constant table it is looked up in): neither class ids nor scores")
         if not is_float(output):
             return f"output {output.name!r} holds {output.dtype} values, neither class ids nor scores"
         if one_score_column(output):  # more columns are decided by their arg-max, whatever their scale
@@ -339,7 +345,8 @@ class Classification(Task):
             masked=masked,
         )  # fmt: skip
 
-    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None, stated: bool | None) -> ScaleReading | None:
+    def scale_reading(self, reference: np.ndarray, labels: np.ndarray | None,
+                      stated: bool | None) -> ScaleReading | None:
         """Several float score columns (per row, or per scored token: padding an export zeroes says nothing of
         their scale) are read by the graph's word, else by FP32's rows (qbench.validate.scores_scale)."""
         reference = np.asarray(reference)
@@ -382,7 +389,8 @@ class Classification(Task):
 
     def qat_logits(self, probabilities: torch.Tensor) -> torch.Tensor:
         """log p: cross-entropy and the distillation KL then compare the distributions the model outputs (on p itself,
-        a correct prediction scored a loss of at least 1.46 with 10 classes, and KL compared two flattened softmaxes)."""
+        a correct prediction scored a loss of at least 1.46 with 10 classes, and KL compared two flattened
+        softmaxes)."""
         import torch
 
         return torch.log(probabilities.clamp_min(torch.finfo(probabilities.dtype).tiny))

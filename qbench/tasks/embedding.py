@@ -108,7 +108,8 @@ class Embedding(Task):
         return float_output_problem(self.name, output)
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         if np.asarray(outputs).dtype.kind not in "fc":
             raise LabelError(f"task 'embedding' reads float outputs only, got {np.asarray(outputs).dtype} values")

@@ -116,12 +116,15 @@ class Multilabel(Task):
         return problem
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         outputs, reference = np.asarray(outputs), np.asarray(reference)
         if outputs.dtype.kind != "f" or outputs.ndim != 2:
-            raise LabelError(f"task 'multilabel' reads (rows, labels) float outputs, got {outputs.dtype} {outputs.shape}")
-        if labels is not None and np.size(labels) == outputs.size:  # one label per row arrives as (rows,), see regression
+            raise LabelError("task 'multilabel' reads (rows, labels) float "
+                             f"outputs, got {outputs.dtype} {outputs.shape}")
+        if labels is not None and np.size(labels) == outputs.size:
+            # one label per row arrives as (rows,), see regression
             labels = np.asarray(labels).reshape(outputs.shape)
         if labels is not None and labels.shape != outputs.shape:
             raise LabelError(f"labels have shape {labels.shape}, the output {outputs.shape}")
@@ -146,7 +149,8 @@ class Multilabel(Task):
         import torch
 
         if tuple(output.shape[1:]) != tuple(np.shape(labels)[1:]):
-            raise LabelError(f"qat.loss 'label': labels are {np.shape(labels)[1:]} per row, the output {list(output.shape)}")
+            raise LabelError(f"qat.loss 'label': labels are {np.shape(labels)[1:]} "
+                             f"per row, the output {list(output.shape)}")
         return torch.as_tensor(np.array(labels), dtype=torch.float32)
 
     def qat_distill_targets(self, teacher_output: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,8 @@ small one it would hide shows in r2, r2_min and the gate's fit_kept (qbench.vali
 error of any value, in the targets' units. A row agrees with FP32 when every one of its values is
 within AGREEMENT_TOLERANCE x the standard deviation of that target's FP32 outputs (a scale-free
 tolerance: the model's units are unknown; x the value itself where FP32 outputs one constant), and on a numerically
-constant target never below ROUNDING_ULPS FP16 ULPs at the value's magnitude. One target per row is the plain single-target case.
+constant target never below ROUNDING_ULPS FP16 ULPs at the value's magnitude. One target per row is the plain
+single-target case.
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ class Regression(Task):
         return float_output_problem(self.name, output)
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         if np.asarray(outputs).dtype.kind != "f":
             raise LabelError(f"task 'regression' reads float outputs only, got {np.asarray(outputs).dtype} values")

@@ -76,7 +76,8 @@ def context_tokens(feeds: Mapping[str, np.ndarray], shape: tuple[int, int]) -> n
 def best_spans(start: np.ndarray, end: np.ndarray, allowed: np.ndarray, max_answer_tokens: int) -> np.ndarray:
     """(rows, 2) int64: each row's (start, end) of highest start + end score with start <= end, end - start <
     max_answer_tokens, both `allowed`; ties go to the shortest span, then the earliest. NO_SPAN for a row with no
-    allowed token or NaN/inf scores on an allowed token (its decision cannot be read). Cost: rows x tokens x max_answer_tokens."""
+    allowed token or NaN/inf scores on an allowed token (its decision cannot be read). Cost: rows x tokens x
+    max_answer_tokens."""
     start, end = np.asarray(start, dtype=np.float64), np.asarray(end, dtype=np.float64)
     rows, tokens = start.shape
     best = np.full(rows, -np.inf)

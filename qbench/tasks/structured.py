@@ -5,8 +5,8 @@ No built-in task can say what a `[N, C, H, W]` score map or `[N, K, 4]` boxes ar
 task reads any tensor output with its rows on axis 0, passes each row's label cell to the custom metrics as it is
 (per-pixel classes, boxes...), and reports only what needs no interpretation: agreement with FP32 (rows whose every
 value is within 1 % of that value's FP32 spread, or of itself where FP32 gives it one value, as regression's; an
-integer output's rows where every value equals FP32's) and `max_abs_error`. The gate's metric is one of `metrics:` (the first by default), so the verdict is the user's
-metric, never a guess.
+integer output's rows where every value equals FP32's) and `max_abs_error`. The gate's metric is one of `metrics:` (the
+first by default), so the verdict is the user's metric, never a guess.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def exact_rows(outputs: np.ndarray, reference: np.ndarray) -> np.ndarray:
     integers they are: through float64, ids past 2**53 merged, and a spread-relative tolerance (with its floor of
     FP16 ULPs at the values' magnitude, 2e9 at ids near 1e12) let ids 7919 apart agree."""
     rows = np.shape(outputs)[0]
-    return (np.asarray(outputs).reshape(rows, -1) == np.asarray(reference).reshape(rows, -1)).all(axis=1).astype(np.float64)
+    equal = np.asarray(outputs).reshape(rows, -1) == np.asarray(reference).reshape(rows, -1)
+    return equal.all(axis=1).astype(np.float64)
 
 
 class Structured(Task):
@@ -88,8 +89,8 @@ class Structured(Task):
         missing = np.array([c is None for c in cells])
         if missing.any():
             raise LabelError(f"{example_rows(missing, list(values), positions)} hold no label or no "
-                             "rectangular array of numbers (expected a number or a list of numbers per row, nested lists "
-                             "of equal lengths)")  # fmt: skip
+                             "rectangular array of numbers (expected a number or a list of numbers per row, nested "
+                             "lists of equal lengths)")  # fmt: skip
         if len({c.shape for c in cells}) == 1:  # type: ignore[union-attr]
             return np.stack(cells)  # type: ignore[arg-type]
         stacked = np.empty(len(cells), dtype=object)
@@ -106,7 +107,8 @@ class Structured(Task):
         return None
 
     def rows(
-        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *, probabilities: bool | None = None
+        self, outputs: np.ndarray, reference: np.ndarray, labels: np.ndarray | None, *,
+        probabilities: bool | None = None
     ) -> RowSummary:
         if np.asarray(outputs).dtype.kind in "iub" and np.asarray(reference).dtype.kind in "iub":
             return StructuredRows(np.asarray(outputs), np.asarray(reference), exact_rows(outputs, reference))

@@ -108,7 +108,8 @@ def check_token_labels(labels: np.ndarray, output: TensorMeta, positions: np.nda
         return
     if not (is_float(output) and len(output.shape) == 3):
         raise LabelError(f"hold a list per row (token labels), but output {output.name!r} of shape "
-                         f"{list(output.shape)} is not (rows, tokens, classes): expected one class id per row")  # fmt: skip
+                         f"{list(output.shape)} is not (rows, tokens, "
+                         "classes): expected one class id per row")  # fmt: skip
     tokens = output.shape[1]
     if tokens is not None and labels.shape[1] != tokens:
         raise LabelError(f"row {int(positions[0]) if len(positions) else 0} has {labels.shape[1]} token labels, output "
@@ -145,7 +146,8 @@ class TokenRows:
         everything = np.ones(outputs.shape[:2], dtype=bool)
         scored = everything if labels is None else metrics.scored_tokens(labels)
         shape = outputs.shape[:2]
-        reference_scores, scores = metrics.token_scores(reference, everything), metrics.token_scores(outputs, everything)
+        reference_scores = metrics.token_scores(reference, everything)
+        scores = metrics.token_scores(outputs, everything)
         reference_predicted = metrics.top1(reference_scores, masked=masked).reshape(shape)
         predicted = metrics.top1(scores, masked=masked)
         if masked:

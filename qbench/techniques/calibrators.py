@@ -45,9 +45,11 @@ class Calibrator:
 CALIBRATORS: Registry[Calibrator] = Registry("calibrator")
 CALIBRATORS.register("minmax", Calibrator("minmax", ("int8", "fp8"), (), "MinMax", "max", "MinMaxObserver"))
 CALIBRATORS.register("entropy", Calibrator(
-    "entropy", ("int8", "fp8"), ("num_bins", "num_quantized_bins"), "Entropy", "entropy", "HistogramObserver"))  # fmt: skip
+    "entropy", ("int8", "fp8"), ("num_bins", "num_quantized_bins"), "Entropy", "entropy",
+    "HistogramObserver"))  # fmt: skip
 CALIBRATORS.register("percentile", Calibrator(
-    "percentile", ("int8", "fp8"), ("percentile", "num_bins"), "Percentile", "percentile", "HistogramObserver"))  # fmt: skip
+    "percentile", ("int8", "fp8"), ("percentile", "num_bins"), "Percentile", "percentile",
+    "HistogramObserver"))  # fmt: skip
 CALIBRATORS.register("dynamic", Calibrator("dynamic", ("int8",)))  # activations quantized per batch at run time
 CALIBRATORS.register("auto", Calibrator("auto", ("int8",)))  # the static calibrators tried, best kept (qbench.fallback)
 

@@ -32,5 +32,6 @@ class Fp8(TechniqueConfig):
             raise ValueError(f"calibrator: fp8 needs calibrated ranges, not {self.calibration.calibrator!r}")
         unsupported = sorted(set(self.op_types or ()) - set(OP_TYPES))
         if unsupported:
-            raise ValueError(f"op_types: fp8 cannot quantize {', '.join(unsupported)}; expected some of {', '.join(OP_TYPES)}")
+            raise ValueError(f"op_types: fp8 cannot quantize {', '.join(unsupported)}; "
+                             f"expected some of {', '.join(OP_TYPES)}")
         return self

@@ -51,7 +51,8 @@ class LinearInt8(TechniqueConfig):
     def _checks(self) -> LinearInt8:
         if self.calibration.calibrator not in LINEAR_CALIBRATORS:
             raise ValueError(
-                f"calibrator: {expected_one_of(self.calibration.calibrator, LINEAR_CALIBRATORS)} with {self.label.lower()}"
+                f"calibrator: {expected_one_of(self.calibration.calibrator, LINEAR_CALIBRATORS)} "
+                f"with {self.label.lower()}"
             )
         if self.weight_type != "int8":
             raise ValueError(f"weight_type: {self.label.lower()} quantizes weights to int8 only")

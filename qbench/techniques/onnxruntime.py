@@ -37,7 +37,8 @@ class OrtInt8(TechniqueConfig):
 
 
 class OrtStatic(OrtInt8):
-    """Static INT8 QDQ: activation ranges from calibration (minmax / entropy / percentile, or auto: the best of them)."""
+    """Static INT8 QDQ: activation ranges from calibration (minmax / entropy / percentile, or auto: the best of
+    them)."""
 
     label: ClassVar[str] = "int8"
     selectors: ClassVar[frozenset[str]] = frozenset({"quantizer"})

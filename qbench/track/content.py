@@ -219,7 +219,8 @@ def variant_params(results: SweepResults, variant: VariantResult) -> dict[str, s
     keys = unique_names(variant.params)
     params = {keys[k]: param_value(v) for k, v in variant.params.items()}
     params |= {"variant": variant.variant, "precision": variant.precision, "backend": variant.backend,
-               "fidelity.accuracy": variant.fidelity.accuracy, "fidelity.latency": variant.fidelity.latency}  # fmt: skip
+               "fidelity.accuracy": variant.fidelity.accuracy,
+               "fidelity.latency": variant.fidelity.latency}  # fmt: skip
     if variant.fidelity.method:
         params["fidelity.method"] = param_value(variant.fidelity.method)
     if variant.evaluated_model_path:
@@ -254,8 +255,8 @@ def variant_tags(variant: VariantResult) -> dict[str, str]:
     serving = variant.serving
     if serving is not None and serving.budget_ms is not None and serving.simulated_requests:
         settled = "not settled" if serving.simulated_undecided else "settled"
-        tags["qbench.load_search"] = (f"{settled} at {serving.simulated_requests:,} simulated requests"
-                                      + (": the highest rate within the budget is claimed low" * serving.simulated_undecided))  # fmt: skip
+        claimed_low = ": the highest rate within the budget is claimed low" * serving.simulated_undecided
+        tags["qbench.load_search"] = f"{settled} at {serving.simulated_requests:,} simulated requests{claimed_low}"
     return tags
 
 
@@ -424,6 +425,7 @@ def _range_metrics(results: SweepResults, segments: Mapping[str, str]) -> dict[s
         return {}
     variants = unique_names((r.variant for r in analysis.clipping), _slice_segment)
     metrics = {f"range/{segments[scope]}/{check.format}_overflow_tensors": float(sum(p.handled is None for p in peaks))
-               for check in analysis.limits if check.scaled_by is None for scope, peaks in check.over.items()}  # fmt: skip
+               for check in analysis.limits if check.scaled_by is None
+               for scope, peaks in check.over.items()}  # fmt: skip
     metrics |= {f"range/{variants[r.variant]}/{segments[r.scope]}/clipped_share": r.share for r in analysis.clipping}
     return metrics

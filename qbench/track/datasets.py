@@ -38,7 +38,8 @@ def _dataset(name: str, source: Path, features: Mapping[str, np.ndarray], target
     labels = _typed(np.asarray(targets)) if targets is not None else None
     with warnings.catch_warnings():  # MLflow registers its local-file source twice and warns that a path is ambiguous
         warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways")
-        return from_numpy(typed, source=str(source), targets=labels, name=fit_value(name, MAX_DATASET_NAME_SIZE))._to_mlflow_entity()
+        dataset = from_numpy(typed, source=str(source), targets=labels, name=fit_value(name, MAX_DATASET_NAME_SIZE))
+        return dataset._to_mlflow_entity()
 
 
 def _input(dataset: Dataset, context: str, **tags: str) -> DatasetInput:

@@ -3,7 +3,8 @@
 The model is logged once per variant, from the child run of the first backend that measured it; the
 child runs of the other backends link to the same model as an output. The MLmodel folder is written
 by `mlflow.onnx.save_model` with explicit pip requirements (no dependency inference, no conda
-resolution), then uploaded to the LoggedModel's artifact location (its files together: qbench.track.upload), so `models:/<model_id>` loads it.
+resolution), then uploaded to the LoggedModel's artifact location (its files together: qbench.track.upload), so
+`models:/<model_id>` loads it.
 """
 
 from __future__ import annotations

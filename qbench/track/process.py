@@ -1,4 +1,5 @@
-"""A sweep's MLflow runs, driven in a process of their own (qbench.track.worker runs qbench.track.tracker.SweepTracker there).
+"""A sweep's MLflow runs, driven in a process of their own (qbench.track.worker runs qbench.track.tracker.SweepTracker
+there).
 
 Importing MLflow takes about a second, and each variant's logging (metrics, datasets, the model) a tenth of one:
 in the sweep's own process both add to its wall time, a fifth of a small model's sweep. In the tracking process

@@ -80,7 +80,8 @@ def best_passing(results: SweepResults, gate: GateReport, batch_size: int,
         kinds.setdefault(variant.backend, {}).setdefault(timed_on(variant), []).append(variant.variant)
     for backend, by_kind in kinds.items():
         if len(by_kind) > 1:
-            where = "; ".join(f"{', '.join(names)} on {kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
+            where = "; ".join(f"{', '.join(names)} on "
+                              f"{kind or 'an unrecorded machine'}" for kind, names in by_kind.items())
             raise QbenchError(f"cannot tell the fastest passing variant on {backend}: its variants were timed on "
                               f"{len(by_kind)} kinds of machine ({where}); time every variant of a backend on one "
                               "kind of node; nothing registered")  # fmt: skip
@@ -185,14 +186,16 @@ def register_best(
             for backend, variant in winners.items():  # every winner's model found before anything is registered
                 run = children.get(variant.key)
                 if run is None:
-                    raise QbenchError(f"no MLflow run of {variant.key} under the sweep run of {run_dir}; nothing registered")
+                    raise QbenchError(f"no MLflow run of {variant.key} under the "
+                                      f"sweep run of {run_dir}; nothing registered")
                 sources[backend] = (run.info.run_id, _model_id(client, run, variant.key))
             created = _ensure_registered_model(client, name)
             aliases = _aliases(alias, [b for b in results.backends() if b in winners])
             for backend, variant in winners.items():
                 run_id, model_id = sources[backend]
+                p50_ms = variant.latency.at(batch_size).p50_ms  # type: ignore[union-attr]
                 tags = {"qbench.variant": variant.variant, "qbench.backend": backend, "qbench.gate": "pass",
-                        f"qbench.p50_ms.b{batch_size}": f"{variant.latency.at(batch_size).p50_ms:.4g}"}  # type: ignore[union-attr] # fmt: skip
+                        f"qbench.p50_ms.b{batch_size}": f"{p50_ms:.4g}"}
                 # a local registry store looks a `models:/` source up through MLflow's global tracking URI (its own
                 # TODO), not this client's: with the recipe's store elsewhere than the default, set it while registering
                 version = None if created else _version_of(client, name, run_id, model_id)
@@ -213,5 +216,6 @@ def register_best(
                 with contextlib.suppress(MlflowException, OSError):
                     client.delete_registered_model(name)
             message = exc.message if isinstance(exc, MlflowException) else str(exc)
-            raise QbenchError(f"registering {name!r} in {without_password(uri)} failed: {one_line(message, FAILURE_CHARS)}") from exc
+            raise QbenchError(f"registering {name!r} in {without_password(uri)} failed: "
+                              f"{one_line(message, FAILURE_CHARS)}") from exc
     return registered

@@ -123,7 +123,8 @@ def track_run_folder(recipe: Recipe, run_dir: Path) -> tuple[str, bool]:
     if existing is not None:
         return existing, False
     artifacts = [run_dir / name for name in REPORT_FILES if (run_dir / name).is_file()]
-    record_tracking(run_dir, True, resolve_tracking_uri(recipe))  # first: a folder logged but not marked would be left untagged by `qbench gate`
+    # first: a folder logged but not marked would be left untagged by `qbench gate`
+    record_tracking(run_dir, True, resolve_tracking_uri(recipe))
     run_id = log_sweep(results, recipe, gate=gate, artifacts=artifacts)
     _end_failed_attempts(recipe, run_dir, run_id)
     return run_id, True

@@ -85,4 +85,5 @@ class SystemSampler:
         self._thread = None
         self._sample()
         return [Metric(PREFIX + key, float(value), timestamp, self._first_step + step)
-                for step, (timestamp, figures) in enumerate(self._samples) for key, value in figures.items()]  # fmt: skip
+                for step, (timestamp, figures) in enumerate(self._samples)
+                for key, value in figures.items()]  # fmt: skip

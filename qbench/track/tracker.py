@@ -4,7 +4,8 @@
 when work on its variant starts and ends when its result is in, so the MLflow UI shows progress and
 real durations; an interrupted sweep ends its runs KILLED, a crashed one FAILED (never left RUNNING,
 never tagged pass). A resumed sweep (`resumes`) takes over the interrupted sweep's parent run rather than opening a
-second one, so the experiment lists each variant x backend once: see SweepTracker.open. What is logged (keys, metrics, params, tags) is in qbench.track.content.
+second one, so the experiment lists each variant x backend once: see SweepTracker.open. What is logged (keys, metrics,
+params, tags) is in qbench.track.content.
 
 Which store, its experiment and the UI command that serves it: qbench.track.store.
 """
@@ -157,9 +158,9 @@ def _check_artifact_store(client: MlflowClient, uri: str, run_id: str, artifact_
             client.set_tag(run_id, GATE_TAG, "not evaluated (sweep failed: artifact store not writable)")
             client.set_terminated(run_id, status="FAILED", end_time=now_ms())
         raise QbenchError(one_line(
-            f"MLflow at {without_password(uri)} stores this sweep's artifacts in {artifact_uri}, which this machine cannot write "
-            f"({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with --serve-artifacts, give this "
-            "machine access to that store, or use --no-track")) from exc  # fmt: skip
+            f"MLflow at {without_password(uri)} stores this sweep's artifacts in {artifact_uri}, which this machine "
+            f"cannot write ({type(exc).__name__}: {one_line(exc, FAILURE_CHARS)}); start the server with "
+            "--serve-artifacts, give this machine access to that store, or use --no-track")) from exc  # fmt: skip
 
 
 def _system_sampler(first_step: int) -> SystemSampler | None:
@@ -265,7 +266,8 @@ class SweepTracker:
     def _start_child(self, variant: str, backend: str) -> str:
         replaced = self._earlier.pop(f"{variant}@{backend}", None)
         if replaced is not None:  # measured again: the interrupted sweep's run of it goes (the UI hides deleted runs)
-            if replaced.info.status == "RUNNING":  # its sweep was killed (SIGKILL, out of memory) before it could end it
+            if replaced.info.status == "RUNNING":
+                # its sweep was killed (SIGKILL, out of memory) before it could end it
                 self._client.set_terminated(replaced.info.run_id, status="KILLED", end_time=end_time(replaced))
             self._client.delete_run(replaced.info.run_id)
         tags = {MLFLOW_PARENT_RUN_ID: self.parent_id, GATE_TAG: _PENDING, "qbench.variant": variant,
@@ -318,7 +320,8 @@ class SweepTracker:
             return model_id
         tags = {"qbench.variant": variant.variant, "qbench.precision": variant.precision}
         model_id = log_variant_model(self._client, self._experiment_id, run_id, Path(variant.model_path),
-                                     name=logged_model_name(variant.variant), tags=tags, measured=variant.params)  # fmt: skip
+                                     name=logged_model_name(variant.variant), tags=tags,
+                                     measured=variant.params)  # fmt: skip
         self._models[variant.variant] = model_id
         return model_id
 

@@ -77,7 +77,8 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     except HTTPError as exc:
         if exc.code < 500:
             return
-        raise QbenchError(f"MLflow tracking server {shown} answers HTTP {exc.code} {exc.reason} (a proxy whose server is "
-                          "down, or the server failing); start it or use --no-track") from None
+        raise QbenchError(f"MLflow tracking server {shown} answers HTTP {exc.code} {exc.reason} (a proxy whose server "
+                          "is down, or the server failing); start it or use --no-track") from None
     except (URLError, OSError, ValueError) as exc:  # ValueError: http.client's InvalidURL (a bad port)
-        raise QbenchError(f"MLflow tracking server {shown} does not answer ({exc}); start it or use --no-track") from None
+        raise QbenchError(f"MLflow tracking server {shown} does not answer ({exc}); "
+                          "start it or use --no-track") from None

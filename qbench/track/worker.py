@@ -124,8 +124,8 @@ class _Session:
         assert self.tracker is not None
         if self.tracker.failure is None:
             self.tracker.failure = f"MLflow tracking failed: {type(exc).__name__}: {exc}"
-            logging.getLogger("qbench.track.tracker").warning("%s; the sweep goes on without MLflow (its runs are ended "
-                                                      "FAILED)", self.tracker.failure)  # fmt: skip
+            logging.getLogger("qbench.track.tracker").warning(
+                "%s; the sweep goes on without MLflow (its runs are ended FAILED)", self.tracker.failure)
             self.tracker.abort("FAILED", "failed: MLflow logging error")
             self.ended = True
 

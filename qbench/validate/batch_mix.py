@@ -7,9 +7,9 @@ slice per batch (a file sorted by slice), while the variant serves at the recipe
 batches of mixed rows: a slice with 100x larger activations then coarsens every other row's quantization.
 
 Whether a variant's rows depend on their batch is measured, whatever built it (`batch_dependence`): the loudest
-evaluation rows and rows drawn with a fixed seed from the rest (`detection_rows`) are run as one batch and each alone, and must agree within the
-tolerance of the FP32 row-independence check (qbench.preflight.rows). Such a variant is run again on every row at
-each batch size it serves (`served_arrangements`: `latency.batch_sizes`), its
+evaluation rows and rows drawn with a fixed seed from the rest (`detection_rows`) are run as one batch and each alone,
+and must agree within the tolerance of the FP32 row-independence check (qbench.preflight.rows). Such a variant is run
+again on every row at each batch size it serves (`served_arrangements`: `latency.batch_sizes`), its
 rows in a seeded mix, and each scope (overall, each slice) is judged at its worst arrangement (`worst_scopes`).
 """
 

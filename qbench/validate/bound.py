@@ -124,7 +124,8 @@ def estimate_bound(
     fraction = traffic / bandwidth_bytes_per_s
     figures = dict(weight_bytes_per_s=traffic, bandwidth_bytes_per_s=bandwidth_bytes_per_s,
                    bandwidth_fraction=fraction, gpu_util_pct=gpu_util_pct)  # fmt: skip
-    moved = f"weights {traffic / 1e9:.3g} GB/s = {fraction:.1%} of {bandwidth_bytes_per_s / 1e9:.3g} GB/s copy bandwidth"
+    moved = (f"weights {traffic / 1e9:.3g} GB/s = {fraction:.1%} of "
+             f"{bandwidth_bytes_per_s / 1e9:.3g} GB/s copy bandwidth")
     if lookup_bytes:
         left = min(lookup_bytes, model_bytes) / 1e6
         moved += f" ({left:.3g} MB of lookup tables left out: a run reads only their rows)"

@@ -65,7 +65,8 @@ def _crowding(latency: LatencyResult | None) -> tuple[str, bool]:
     plural = "s" * (threads != 1)
     binding = binding_quota(machine)  # the quota crowds them only where it binds
     if binding is not None and threads > binding:
-        return f"{threads} thread{plural} under a cgroup quota of {binding:.2f} CPUs" + (f" ({affinity})" * bool(affinity)), True
+        pinned = f" ({affinity})" * bool(affinity)
+        return f"{threads} thread{plural} under a cgroup quota of {binding:.2f} CPUs{pinned}", True
     if threads <= cpus:
         return "", False
     limits = ", ".join(limit for limit in (affinity, f"cgroup quota {quota:.2f} CPUs" if quota else "") if limit)
@@ -90,8 +91,8 @@ def oversubscription_note(latency: LatencyResult | None) -> str:
                "throttling), so its latencies, its tail most, are the quota's rather than the model's (and so are the "
                "SLO verdict and cost per inference taken from them)")  # fmt: skip
     else:
-        why = (f"the threads took turns on the CPUs, so its latencies (and the SLO verdict and cost per inference taken "
-               f"from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
+        why = ("the threads took turns on the CPUs, so its latencies (and the SLO verdict and cost per inference "
+               f"taken from them) describe a smaller machine than {latency.threads} threads")  # fmt: skip
     fit = threads_that_fit(latency.machine)
     remedy = f"set latency.threads to at most {fit}, or time it" if fit >= 1 else "time it"
     return f"latency timed with {crowded}: {why}; {remedy} where {cpus_allowed(latency.threads)}"
@@ -165,7 +166,8 @@ def contention_notes(results: SweepResults) -> list[str]:
     for backend in results.backends():
         timed = [v for v in results.variants if v.backend == backend and v.status == "ok" and v.latency is not None
                  and "identical_to" not in v.params]  # a twin reports its twin's timing: name the one timed
-        points = [(p.others_cpus, v.variant, p.batch_size) for v in timed for p in v.latency.points  # type: ignore[union-attr]
+        points = [(p.others_cpus, v.variant, p.batch_size) for v in timed
+                  for p in v.latency.points  # type: ignore[union-attr]
                   if math.isfinite(p.others_cpus)]  # fmt: skip
         busy = max(points, default=None, key=lambda point: point[0])
         if busy is None or busy[0] < CONTENDED_CPUS:
@@ -173,5 +175,6 @@ def contention_notes(results: SweepResults) -> list[str]:
         quiet = min(points, key=lambda point: point[0])
         notes.append(f"{backend}: other processes kept {busy[0]:.2f} CPUs busy while {busy[1]} was timed at batch "
                      f"{busy[2]} ({quiet[0]:.2f} while {quiet[1]} was, at batch {quiet[2]}): speed-ups on it may be "
-                     "off by far more than the timing windows' spread; time the sweep on a machine nothing else runs on")  # fmt: skip
+                     "off by far more than the timing windows' spread; "
+                     "time the sweep on a machine nothing else runs on")  # fmt: skip
     return notes

@@ -53,8 +53,9 @@ def dry_run(prepared: Prepared, backend: Backend, rows: int = DRY_RUN_ROWS) -> N
     if result.status == "failed":
         raise QbenchError(f"{prepared.source.onnx_path}: the FP32 reference does not run on {backend.name}: "
                           f"{' '.join(str(result.error).split())} (the check fed it one row, then {count} evaluation "
-                          f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest the "
-                          f"sweep runs: {field}); {_expected(prepared, backend, built, everything, size)}")  # fmt: skip
+                          f"rows {'repeated to one batch' if size > count else 'in batches'} of {size}, the largest "
+                          f"the sweep runs: {field}); "
+                          f"{_expected(prepared, backend, built, everything, size)}")  # fmt: skip
     if measured.outputs:
         judge = get_task(prepared.recipe.task)
         check_masked_outputs(prepared.recipe, measured.outputs,
@@ -85,8 +86,8 @@ def _expected(prepared: Prepared, backend: Backend, built: BuiltVariant, rows: R
         if fixed is not None:
             return (f"{general}; it fails on a single row but runs a batch of {fixed}, so its graph fixes a batch of "
                     f"{fixed} its inputs do not declare (a Reshape to a constant [{fixed}, ...]): export it with a "
-                    f"dynamic batch, or with its inputs' batch dimension fixed to {fixed}, which qbench runs as a fixed "
-                    "batch (docs/recipe-reference.md: A model with a fixed batch)")
+                    f"dynamic batch, or with its inputs' batch dimension fixed to {fixed}, which qbench runs as a "
+                    "fixed batch (docs/recipe-reference.md: A model with a fixed batch)")
         return (f"expected a model {backend.name} runs: it fails on a single row too, so no batch-size setting would "
                 "help; the runtime's reason names the node it stops at")
     if size > 1 and not runs(2):
@@ -105,5 +106,6 @@ def largest_batch(prepared: Prepared) -> tuple[int, str]:
     recipe = prepared.recipe
     sizes = [(max(recipe.latency.batch_sizes), f"latency.batch_sizes {list(recipe.latency.batch_sizes)}"),
              (min(recipe.data.evaluation.batch_size, len(prepared.evaluation_rows)),
-              f"data.evaluation.batch_size {recipe.data.evaluation.batch_size} over {len(prepared.evaluation_rows)} rows")]
+              f"data.evaluation.batch_size {recipe.data.evaluation.batch_size} "
+              f"over {len(prepared.evaluation_rows)} rows")]
     return max(sizes, key=lambda pair: pair[0])

@@ -1,4 +1,5 @@
-"""Values a variant's float format cannot hold, rounded to -inf or +inf, where the task's decision does not hang on them.
+"""Values a variant's float format cannot hold, rounded to -inf or +inf, where the task's decision does not hang on
+them.
 
 FP16's largest finite value is 65504 and its smallest positive one 2**-24 (6e-08): FP32 class scores below -65504 on
 a few rows (a feature far beyond the calibration sample's, an unbounded logit) are -inf in an FP16 variant, one above
@@ -111,6 +112,6 @@ def beyond_format_note(name: str, outputs: np.ndarray, read: np.ndarray, fmt: Fl
     if not rows:
         return None
     where = f"output {name!r}: " if name else ""
-    return (f"{where}{rows} row{'s' if rows != 1 else ''} hold -inf/+inf scores where FP32's score is beyond {fmt.name}'s "
-            f"range (+-{fmt.largest:.6g}) or its class's probability below {fmt.name}'s smallest ({fmt.smallest:.3g}), "
-            "the arg-max unchanged: scored as FP32's values, not as the variant's NaN/inf rows")
+    return (f"{where}{rows} row{'s' if rows != 1 else ''} hold -inf/+inf scores where FP32's score is beyond "
+            f"{fmt.name}'s range (+-{fmt.largest:.6g}) or its class's probability below {fmt.name}'s smallest "
+            f"({fmt.smallest:.3g}), the arg-max unchanged: scored as FP32's values, not as the variant's NaN/inf rows")

@@ -145,9 +145,9 @@ def decisions_kept(predicted: np.ndarray, reference: np.ndarray, rows: np.ndarra
 
 def _units_kept(own: np.ndarray, ref: np.ndarray, value: object, rows: np.ndarray | None) -> tuple[int, int, int, int]:
     """(units FP32 decides `value` on, those the variant keeps it on, and the same two counts of decisions): each
-    decision a unit, or with `rows` each row (kept where the variant decides `value` on KEPT of that row's decisions FP32 decides it on at least). A share of
-    a class's decisions would let one long row outweigh the rest: losing a class on 1 row of 5 that holds most of
-    its tokens breached, losing it on the other 4 passed."""
+    decision a unit, or with `rows` each row (kept where the variant decides `value` on KEPT of that row's decisions
+    FP32 decides it on at least). A share of a class's decisions would let one long row outweigh the rest: losing a
+    class on 1 row of 5 that holds most of its tokens breached, losing it on the other 4 passed."""
     at = ref == value
     hits = own[at] == value
     decisions = int(np.count_nonzero(at)), int(np.count_nonzero(hits))

@@ -87,8 +87,8 @@ def timed_batches(
 ) -> Batches:
     """The batches of `batch_size` rows timed in rotation: the rows in a fixed shuffle (seeded, so FP32 and every
     variant run the same batches in the same order), cut into consecutive batches (the last filled from the top),
-    at most `limit` and MAX_TIMED_BYTES of copies; a set of fewer rows than `batch_size` gives one batch repeating them (`take_batch`).
-    With `padding`, each batch is cut back to its own longest row."""
+    at most `limit` and MAX_TIMED_BYTES of copies; a set of fewer rows than `batch_size` gives one batch repeating them
+    (`take_batch`). With `padding`, each batch is cut back to its own longest row."""
     count = len(next(iter(feeds.values()), ()))
     batch_bytes = sum(array.nbytes for array in feeds.values()) * batch_size // max(count, 1)
     limit = max(1, min(limit, MAX_TIMED_BYTES // max(batch_bytes, 1)))

@@ -93,7 +93,8 @@ def drop_intervals(predicted: np.ndarray, reference: np.ndarray, target: np.ndar
     squared = ours**2 - theirs**2
     if targets == 1 and rows:
         reference_mse = float(np.mean(theirs**2))
-        ends = np.sqrt(np.maximum(reference_mse + np.array(mean_interval(squared[:, 0])), 0.0)) - math.sqrt(reference_mse)
+        mse_ends = reference_mse + np.array(mean_interval(squared[:, 0]))
+        ends = np.sqrt(np.maximum(mse_ends, 0.0)) - math.sqrt(reference_mse)
         intervals["rmse"] = (float(ends[0]), float(ends[1]))
     elif rows:
         both = np.sqrt(np.mean(ours**2, axis=0)) + np.sqrt(np.mean(theirs**2, axis=0))

@@ -65,7 +65,8 @@ def query_sample(strata: np.ndarray, bound: int, seed: int = 0) -> np.ndarray | 
     return np.sort(order[np.minimum(picks, count - 1)])
 
 
-def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray, queries: np.ndarray | None = None) -> np.ndarray:
+def nearest_neighbour_matches(reference: np.ndarray, outputs: np.ndarray,
+                              queries: np.ndarray | None = None) -> np.ndarray:
     """Per row: 1.0 if every row nearest to it under `outputs` is one of its nearest rows under `reference`, else 0.0.
 
     A row's nearest rows are the others whose cosine similarity with it is within NEIGHBOUR_TIE of the highest: tied

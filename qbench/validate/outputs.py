@@ -70,11 +70,11 @@ def table_positions(values: np.ndarray, table: Sequence[Any], name: str) -> np.n
 
 
 # What to do with an output whose length depends on the data (NonMaxSuppression, NonZero, a data-dependent TopK).
-VARIABLE_SHAPE = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
-                  "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be "
-                  "judged: evaluate the tensors before that step (the raw boxes and scores: save the model with them "
-                  "among its outputs and name them in model.outputs), or export a fixed number per row (the top K, "
-                  "padded, with a count output)")
+VARIABLE_SHAPE = ("qbench compares outputs row by row and value by value, so an output whose length depends on the "
+                  "data (detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot "
+                  "be judged: evaluate the tensors before that step (the raw boxes and scores: save the model with "
+                  "them among its outputs and name them in model.outputs), or export a fixed number per row (the top "
+                  "K, padded, with a count output)")
 
 
 def row_count(feeds: Mapping[str, np.ndarray]) -> int:
@@ -165,7 +165,8 @@ class _Rows:
         shape = self.array.shape[1:]
         if value.shape[1:] != shape and not (widens and value.ndim == 2 and len(shape) == 1):
             raise QbenchError(f"output {name!r} gave rows of shape {list(value.shape[1:])} in one batch and "
-                              f"{list(shape)} in an earlier one: its rows must have one shape; {VARIABLE_SHAPE}")  # fmt: skip
+                              f"{list(shape)} in an earlier one: its "
+                              f"rows must have one shape; {VARIABLE_SHAPE}")  # fmt: skip
         if value.ndim == 2 and value.shape[1] > shape[0]:
             shape = value.shape[1:]
         dtype = np.result_type(self.array.dtype, value.dtype)

@@ -125,7 +125,8 @@ def clip_record(variant: str, scope: str, clipped: Mapping[str, int], values: Ma
     )  # fmt: skip
 
 
-def coverage_warnings(clipping: Sequence[ClipRecord], calibration_counts: Mapping[str, int]) -> tuple[CoverageWarning, ...]:
+def coverage_warnings(clipping: Sequence[ClipRecord],
+                      calibration_counts: Mapping[str, int]) -> tuple[CoverageWarning, ...]:
     """One warning per slice with 0 calibration rows (per the recorded counts) and variant that clips on it."""
     warnings = []
     for record in clipping:
@@ -218,7 +219,8 @@ def limit_checks(abs_max: Mapping[str, Mapping[str, float]], nodes: Mapping[str,
         (fmt, limit, None, dict.fromkeys(tensors, limit)) for fmt, limit in RAW_LIMITS.items()
     ]
     scaled = [v for v in variants if v.precision == "fp8" and v.ranges]
-    plans += [("fp8_e4m3", FP8_MAX, v.name, {t: max(-low, high) for t, (low, high) in v.ranges.items()}) for v in scaled]
+    plans += [("fp8_e4m3", FP8_MAX, v.name, {t: max(-low, high) for t, (low, high) in v.ranges.items()})
+              for v in scaled]
     if not scaled:
         plans.append(("fp8_e4m3", FP8_MAX, None, dict.fromkeys(tensors, FP8_MAX)))
     return tuple(

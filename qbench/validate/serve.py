@@ -11,10 +11,11 @@ The server: a client thread sends one-row requests at Poisson arrival times (ope
 against the server), a batcher thread takes the oldest request once the model is free, waits until the batch is
 full or that request has waited the queue delay, concatenates the rows (a model with a fixed batch gets them filled up
 to its batch by repeating them, as a server in front of it must, and as the simulation charges such a batch the fixed
-batch's timings; padded text is cut back to the batch's own longest row, as the timed batches were), runs them on the runner as a server does
-(`served_call`: numpy in, numpy out, modes entered once for the batcher thread) and stamps each request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing)
-the simulation adds too. It is the least a server does (no transport, no serialisation), so a real deployment
-with a network in front sustains no more.
+batch's timings; padded text is cut back to the batch's own longest row, as the timed batches were), runs them on the
+runner as a server does (`served_call`: numpy in, numpy out, modes entered once for the batcher thread) and stamps each
+request's completion. Latency = completion - scheduled arrival, plus the per-request overhead (pre-processing) the
+simulation adds too. It is the least a server does (no transport, no serialisation), so a real deployment with a
+network in front sustains no more.
 """
 
 from __future__ import annotations
@@ -81,20 +82,22 @@ class Served:
 
 
 def serve(
-    runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher, late_ms: float = math.inf,
+    runner: Runner, rows: Mapping[str, np.ndarray], arrivals_ms: np.ndarray, batcher: Batcher,
+    late_ms: float = math.inf,
     fixed_batch: int | None = None, padding: Padding | None = None, first_row: int = 0,
 ) -> Served:
-    """Serve one request per arrival (row (first_row + k) % len(rows)) through a real dynamic batcher; see the module doc.
-    `rows` must be concatenable one by one (text at its set's padded length); with `padding`, each batch is cut back
-    to its own longest row once concatenated, as a server padding each batch runs it. `fixed_batch`: the model
-    takes batches of that many rows only; a smaller batch of requests is filled up to it (its rows repeated). Once more than 1 % of the
-    requests took longer than `late_ms` the run is given up (its p99 is past `late_ms` whatever follows): a server
-    that falls behind would otherwise take its whole backlog's time to drain."""
+    """Serve one request per arrival (row (first_row + k) % len(rows)) through a real dynamic batcher; see the module
+    doc. `rows` must be concatenable one by one (text at its set's padded length); with `padding`, each batch is cut
+    back to its own longest row once concatenated, as a server padding each batch runs it. `fixed_batch`: the model
+    takes batches of that many rows only; a smaller batch of requests is filled up to it (its rows repeated). Once more
+    than 1 % of the requests took longer than `late_ms` the run is given up (its p99 is past `late_ms` whatever
+    follows): a server that falls behind would otherwise take its whole backlog's time to drain."""
     n = arrivals_ms.size
     count = len(next(iter(rows.values())))
     row_of = (first_row + np.arange(n)) % count
     # one single-row copy per distinct row, shared by every request it serves (a run holds up to MAX_REQUESTS)
-    singles = {int(r): {name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()} for r in np.unique(row_of)}
+    singles = {int(r): {name: np.ascontiguousarray(a[r : r + 1]) for name, a in rows.items()}
+               for r in np.unique(row_of)}
     queue: deque[int] = deque()
     ready = threading.Condition()
     enqueued, done = np.zeros(n), np.full(n, math.inf)
@@ -264,8 +267,8 @@ def served_max_rate(
     """Serve real requests at `simulated_rps`, then STEP lower each time the real p99 breaks `budget_ms` or the
     server falls behind (STEP below the rate it served, when that is lower: its capacity), until one passes; then
     bisect between it and the lowest rate that failed, to `rel_tol`. A rate passes when two runs at it both do. At
-    most MAX_RUNS runs and MAX_SECONDS of arrivals. Only a rate a real run passed is claimed, never above the simulated one (the simulation already
-    failed every rate above it); a noisy run errs low, never high."""
+    most MAX_RUNS runs and MAX_SECONDS of arrivals. Only a rate a real run passed is claimed, never above the simulated
+    one (the simulation already failed every rate above it); a noisy run errs low, never high."""
     rate, failed, best, runs, seconds = simulated_rps, math.inf, None, 0, 0.0
 
     def run(rate: float) -> LoadStats | None:

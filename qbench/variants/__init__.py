@@ -34,13 +34,13 @@ def build_variant(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
 
     Builders build from the reference's normal form (qbench.variants.reference); the saved model is settled here
     (outputs the normal form set aside come back, fed inputs in the reference's order, nodes sorted) and takes the
-    reference's fed inputs; initializers the reference lists as inputs are constants in it (params and notes say so). A variant that needs non-default session options
-    gets them declared in its saved model (onnx_utils.declare_session_options); the recipe's own model is never
-    rewritten. A saved model the onnx checker refuses fails the build (a QbenchError): no invalid model is built. An
-    INT8 build's params count what ONNX Runtime runs as integer kernels in the saved model, whichever technique built it
-    (qbench.variants.integer_kernels): a graph that only rounds data is the FP32 model for the gate and the search; and
-    what its quantized layers hold as stored, which a quantizer's rule for an op type may make differ from the recipe's
-    options (qbench.variants.quantized_facts).
+    reference's fed inputs; initializers the reference lists as inputs are constants in it (params and notes say so). A
+    variant that needs non-default session options gets them declared in its saved model
+    (onnx_utils.declare_session_options); the recipe's own model is never rewritten. A saved model the onnx checker
+    refuses fails the build (a QbenchError): no invalid model is built. An INT8 build's params count what ONNX Runtime
+    runs as integer kernels in the saved model, whichever technique built it (qbench.variants.integer_kernels): a graph
+    that only rounds data is the FP32 model for the gate and the search; and what its quantized layers hold as stored,
+    which a quantizer's rule for an op type may make differ from the recipe's options (qbench.variants.quantized_facts).
     What this settling adds to the params and notes describes the saved graph, not a torch module a builder (QAT,
     ModelOpt) supplied beside it (BuiltVariant.as_run_in).
     """
@@ -68,7 +68,8 @@ def _settled(built: BuiltVariant, ctx: BuildContext) -> BuiltVariant:
         constant = constant_inputs(ctx.reference_path)
         if constant:
             built = dataclasses.replace(built, params={**built.params, "constant_inputs": list(constant)}, notes=(
-                *built.notes, f"the FP32 model lists {len(constant)} initializer(s) as graph inputs ({', '.join(constant[:5])}"
+                *built.notes, f"the FP32 model lists {len(constant)} initializer(s) as graph inputs "
+                              f"({', '.join(constant[:5])}"
                 f"{', ...' if len(constant) > 5 else ''}): this variant holds them as constants at their FP32 values, "
                 "converted as its precision converts weights, so a caller cannot override them"))  # fmt: skip
     return built

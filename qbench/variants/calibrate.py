@@ -218,7 +218,8 @@ def _compute_ranges(
                     found = nonfinite_tensors(load_model(staged), ranges.keys(), batches, Path(tmp)) if scanned else ()
                     skipped = dict.fromkeys(sorted(found), NONFINITE)
                     ranges = TensorsData(ranges.calibration_method,
-                                         {name: data for name, data in ranges.items() if name not in skipped})  # fmt: skip
+                                         {name: data for name, data in ranges.items()
+                                          if name not in skipped})  # fmt: skip
         del calibrator  # closes its session before the folder goes
     return _representable(Calibrated(ranges, skipped))
 

@@ -12,8 +12,8 @@ tensor the format stores is rounded to it by an explicit Cast to the format and
 back. A recurrent layer (LSTM, GRU, RNN) runs step by step with its state rounded
 after every step, as narrow-float hardware stores it (emulate_recurrent), and an
 inference BatchNormalization is folded into the Conv before it, as ONNX Runtime
-and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even with IEEE semantics: beyond
-65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
+and TensorRT fold it, so that Conv's output is rounded once (emulate_fold). ORT's Cast kernel rounds to nearest even
+with IEEE semantics: beyond 65504 a float16 is inf, below 2**-24 it is 0, in between the subnormals are
 kept; bfloat16 has FP32's range and 8 bits of precision. ORT keeps these Cast
 pairs at every optimisation level (ORT_ENABLE_ALL included; tested), and the
 Casts also stop fusions that would skip a rounding.
@@ -170,7 +170,8 @@ def _emulate_in_place(model: onnx.ModelProto) -> int:
     """Rewrite the FP16 graph `model` into its emulation (see `emulate_float16`); returns the rounded tensors."""
     graph = model.graph
     if any(_holds_float16(body) for body in all_graphs(graph) if body is not graph):
-        raise QbenchError("FP16 emulation does not handle float16 tensors inside control-flow subgraphs (If, Loop, Scan)")
+        raise QbenchError("FP16 emulation does not handle float16 tensors "
+                          "inside control-flow subgraphs (If, Loop, Scan)")
     types = tensor_types(model)
     half = {name for name, kind in types.items() if kind == TensorProto.FLOAT16}
     for index, tensor in enumerate(graph.initializer):

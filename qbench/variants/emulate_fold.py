@@ -45,12 +45,14 @@ def fold_conv_batch_norms(
     values = {t.name: t for t in graph.initializer}
     readers = Counter(name for node in graph.node for name in (*node.input, *outer_scope_reads(node)))
     outputs = {o.name for o in graph.output}
-    producer = {node.output[0]: node for node in graph.node if node.op_type == "Conv" and node.domain in ("", "ai.onnx")}
+    producer = {node.output[0]: node for node in graph.node if node.op_type == "Conv"
+                and node.domain in ("", "ai.onnx")}
     taken = names_in(graph)
     folded: set[int] = set()  # the positions of the BatchNormalization nodes removed
     released: set[str] = set()  # initializers the folded pairs read: dropped below when nothing else does
     for index, bn in enumerate(graph.node):
-        conv = producer.get(bn.input[0]) if bn.op_type == "BatchNormalization" and bn.domain in ("", "ai.onnx") else None
+        is_norm = bn.op_type == "BatchNormalization" and bn.domain in ("", "ai.onnx")
+        conv = producer.get(bn.input[0]) if is_norm else None
         if (conv is None or readers[bn.input[0]] != 1 or bn.input[0] in outputs or len(bn.output) > 1
                 or _attribute(bn, "training_mode", 0) or {conv.name, bn.name} & set(keep)
                 or not (eligible(conv) and eligible(bn))

@@ -80,7 +80,8 @@ def _body(node: onnx.NodeProto, weights: list[str], to: int, opset: int, taken: 
     inputs = [names["x1"], *weights[:3], "", names["h"]]
     if node.op_type == "LSTM":
         inputs += [names["c"], weights[3] if len(weights) > 3 else ""]
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in ("direction", "layout")}
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute
+                  if a.name not in ("direction", "layout")}
     step_outputs = [names["y"], names["yh"], names["yc"]][: 1 + states]
     nodes = []
     if opset >= 13:
@@ -160,7 +161,8 @@ def step_recurrent(model: onnx.ModelProto, to: int, keep: Collection[str] = ()) 
             nodes.append(node)
             continue
         if (len(node.input) > 4 and node.input[4]) or opset < SCAN_OPSET:
-            why = "has sequence_lens" if opset >= SCAN_OPSET else f"is in opset {opset} (Scan as used here: {SCAN_OPSET})"
+            why = "has sequence_lens" if opset >= SCAN_OPSET else (f"is in opset {opset} (Scan "
+                                                                   f"as used here: {SCAN_OPSET})")
             log.warning("%s %r %s: left whole, its state stays float32 between steps", node.op_type, node.name, why)
             nodes.append(node)
             continue

@@ -47,7 +47,8 @@ _SHAPE_ONLY = ("Shape", "Size")
 _ADDITIVE = ("Add", "Sub", "Where")  # applications that leave the fill in the scores (a Mul by 0/1 leaves none)
 # readers whose output still holds the fill wherever their input did
 _CARRIERS = ("Add", "Sub", "Mul", "Div", "Neg", "Where", "Max", "Min", "Clip", "LogSoftmax", "Cast", "Identity",
-             "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Slice", "Concat")  # fmt: skip
+             "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Slice",
+             "Concat")  # fmt: skip
 # readers that end the fill (it becomes 0); any other reader (a MatMul, a Conv, a reduction) is left to the quantizer
 # and ends the rule's reach: a `masked_fill(x, 0)` in front of a Linear keeps the Linear quantized
 _ENDS = ("Softmax", "Exp")

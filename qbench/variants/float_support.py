@@ -130,8 +130,8 @@ def tensor_types(model: onnx.ModelProto) -> dict[str, int]:
 def _runtime_types(model: onnx.ModelProto, names: list[str]) -> dict[str, int]:
     """Element types ONNX Runtime gives `names` when it loads the model, for tensors neither ONNX shape inference
     nor the schemas can type: what follows its contrib operators (com.microsoft Attention, SkipLayerNormalization,
-    FastGelu... in graphs its transformer optimiser wrote), where ONNX's inference stops. Empty if the model does not load.
-    ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
+    FastGelu... in graphs its transformer optimiser wrote), where ONNX's inference stops. Empty if the model does not
+    load. ORT is given the model's typing skeleton (qbench.onnx_read): a model over protobuf's 2 GiB is typed too."""
     import onnxruntime as ort
 
     skeleton = typing_skeleton(model)  # types need no weights: a model of any size, and no second copy of its weights
@@ -159,11 +159,6 @@ _STRING_TYPES = {
     elem: _TENSOR_TYPE_STRINGS[elem]
     for elem in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT64, TensorProto.INT32, TensorProto.STRING)
 }
-
-
-def has_subgraph(node: onnx.NodeProto) -> bool:
-    """Whether the node holds a graph (If's branches, Loop's and Scan's bodies)."""
-    return any(attribute.HasField("g") or len(attribute.graphs) for attribute in node.attribute)
 
 
 _NON_TENSOR_TYPES = ("sequence_type", "map_type", "optional_type")  # TypeProto kinds the converters cannot narrow
@@ -219,7 +214,7 @@ def kept_in_float32(
         if node.domain not in (*DEFAULT_DOMAINS, *NARROWED_DOMAINS):
             reasons[node.name] = f"operator domain {node.domain}"
             continue
-        if has_subgraph(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
+        if subgraphs_of(node):  # the converters cannot narrow a body faithfully, nor emulate it: it stays whole
             reasons[node.name] = "control flow (its subgraph stays FP32)"
             continue
         if non_tensor.intersection([*node.input, *node.output]):  # the converters type tensors only
@@ -278,7 +273,7 @@ def kept_in_rounding_simulation(model: onnx.ModelProto) -> KeptNodes:
     for node in model.graph.node:
         if node.domain == "ai.onnx.ml":
             reasons[node.name] = "operator domain ai.onnx.ml"
-        elif has_subgraph(node):
+        elif subgraphs_of(node):
             reasons[node.name] = "control flow (its subgraph stays FP32)"
         elif non_tensor.intersection([*node.input, *node.output]):
             reasons[node.name] = NON_TENSOR_REASON
@@ -463,7 +458,8 @@ def with_data_movement_between_kept(model: onnx.ModelProto, kept: KeptNodes, typ
             for name in {*node.input, *outer_scope_reads(node)}:
                 readers.setdefault(name, []).append(node.name)
     candidates = {node.name: node for node in graph.node
-                  if node.name not in kept.reasons and node.op_type in DATA_MOVEMENT_OPS and node.domain in DEFAULT_DOMAINS
+                  if node.name not in kept.reasons and node.op_type in DATA_MOVEMENT_OPS
+                  and node.domain in DEFAULT_DOMAINS
                   and any(types.get(n) == TensorProto.FLOAT for n in [*node.input, *node.output])}  # fmt: skip
 
     def fp32_side(name: str | None) -> bool:

@@ -141,11 +141,12 @@ def build_fp16(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         save_model(converted, target)
     notes = []
     if too_large:
-        notes.append(f"{too_large} weight value(s) beyond FP16's largest finite value ({FP16_MAX_FINITE:g}) were clamped "
-                     "to it")
+        notes.append(f"{too_large} weight value(s) beyond FP16's largest finite value ({FP16_MAX_FINITE:g}) were "
+                     "clamped to it")
     if too_small:
         notes.append(f"{too_small} nonzero weight value(s) nearer 0 than FP16's smallest positive value "
-                     f"({FP16_MIN_POSITIVE:g}) were raised to it, sign kept (a change of under {FP16_MIN_POSITIVE:g} each)")
+                     f"({FP16_MIN_POSITIVE:g}) were raised to it, sign "
+                     f"kept (a change of under {FP16_MIN_POSITIVE:g} each)")
     if kept.reasons:
         notes.append(f"kept in FP32: {kept_text}")
     notes += lowered_note + fused_note + range_note
@@ -329,25 +330,27 @@ def partly_lowered(
         note += (f"; the graph's ONNX-ML {', '.join(sorted(set(predictors)))} stay FP32, and {len(after)} lowered "
                  f"node(s) compute on what they give in {precision}")
     elif predictors and not total:
-        note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the variant computes "
-                 f"in FP32, {precision} rounds only the nodes above")
+        note += (f"; the graph computes in its ONNX-ML {', '.join(sorted(set(predictors)))}, which stay FP32: the "
+                 f"variant computes in FP32, {precision} rounds only the nodes above")
     return params, [note]
 
 
 _IDENTITY_OPERAND = {"Mul": (1.0, (0, 1)), "Div": (1.0, (1,)), "Add": (0.0, (0, 1)), "Sub": (0.0, (1,))}
 
 
-def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto], lowered: Collection[str]) -> list[onnx.NodeProto]:
-    """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly or
-    through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a constant
-    (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
+def computed_after(model: onnx.ModelProto, sources: Collection[onnx.NodeProto],
+                   lowered: Collection[str]) -> list[onnx.NodeProto]:
+    """The lowered nodes of the main graph that compute on what the `sources` (FP32 ONNX-ML predictors) give, directly
+    or through other nodes: arithmetic on their values, not data movement (Cast, Reshape...) nor an identity by a
+    constant (onnxmltools' Mul of a LightGBM model's scores by 1, which only rounds them).
 
     An IsolationForest's score is computed after its trees (the path lengths summed, divided, raised as a power of 2),
     and its BF16 variant computes that arithmetic in BF16, its scores 0.0026 off FP32's; the gate said it computed
     in FP32 and its pass said nothing about BF16, as for the LightGBM model that only rounds its scores."""
     constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     constants.update({node.output[0]: numpy_helper.to_array(attribute.t) for node in model.graph.node
-                      if node.op_type == "Constant" for attribute in node.attribute if attribute.name == "value"})  # fmt: skip
+                      if node.op_type == "Constant" for attribute in node.attribute
+                      if attribute.name == "value"})  # fmt: skip
     reached = {name for node in sources for name in node.output if name}
     found = []
     for node in model.graph.node:  # topologically sorted: every variant is built from the sorted normal form
@@ -364,7 +367,8 @@ def _identity_by_constant(node: onnx.NodeProto, constants: dict[str, np.ndarray]
     """Whether `node` returns its other operand unchanged: a Mul or Div by constant ones, an Add or Sub of zeros."""
     identity, positions = _IDENTITY_OPERAND.get(node.op_type, (None, ()))
     return len(node.input) == 2 and any(
-        node.input[i] in constants and constants[node.input[i]].size > 0 and bool(np.all(constants[node.input[i]] == identity))
+        node.input[i] in constants and constants[node.input[i]].size > 0
+        and bool(np.all(constants[node.input[i]] == identity))
         for i in positions)  # fmt: skip
 
 

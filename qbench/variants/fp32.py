@@ -30,6 +30,7 @@ def build_fp32(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         params={"source": "the recipe's model, unchanged", **({"stored_weights": stored} if stored else {}),
                 **({"computes_in": computes_in} if computes_in else {})},
         notes=tuple(note for note in (f"the FP32 reference {stored}" if stored else None,
-                                      f"the FP32 reference computes in {computes_in}" if computes_in else None) if note),
+                                      f"the FP32 reference computes in {computes_in}" if computes_in else None)
+                    if note),
         borrowed=True,
     )

@@ -83,7 +83,8 @@ FP8_OPSET = 21  # QuantizeLinear's output_dtype (19 took float8, but only throug
 _QUANTIZED_INPUTS = {"Conv": (0, 1), "ConvTranspose": (0, 1), "Gemm": (0, 1), "MatMul": (0, 1)}
 NOTE = (
     "FP8 E4M3 emulated with Q/DQ: the quantized layers read E4M3 inputs and weights (round to nearest even, saturating "
-    "at 448 x scale) and multiply them in float32; all else stays float32. Accuracy is the graph's, CPU latency is not FP8's"
+    "at 448 x scale) and multiply them in float32; all else stays "
+    "float32. Accuracy is the graph's, CPU latency is not FP8's"
 )
 
 
@@ -170,7 +171,8 @@ def build_fp8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
         onnx_path=target,
         params=params,
         build_seconds=clock.seconds(),
-        notes=tuple(_notes(inserted, counts, params) + default_notes(params) + calibrated.notes() + read_by_subgraphs + nested_nodes_note(model, op_types)),
+        notes=tuple(_notes(inserted, counts, params) + default_notes(params) + calibrated.notes() + read_by_subgraphs
+                    + nested_nodes_note(model, op_types)),
         activation_ranges=clipping_ranges(ranges, quantized_tensors(model), symmetric=True),  # scale = amax / 448
     )
 
@@ -190,10 +192,10 @@ def _notes(inserted: Fp8Insertion, counts: dict[str, int], params: dict[str, Any
     attention = params["quantized_attention_matmuls"]
     if attention:
         notes.append(
-            f"{len(attention)} MatMul/Gemm with two computed inputs (attention's Q x K^T and probabilities x V) read E4M3 "
-            "on both sides, as an FP8 attention kernel would; FP8 recipes that quantize Linear layers only (qbench's "
-            "torch form: torchao float8 on nn.Linear) keep them in 16/32-bit: keep_float: [masks, attention_matmuls] "
-            "builds that"
+            f"{len(attention)} MatMul/Gemm with two computed inputs (attention's Q x K^T and probabilities x V) read "
+            "E4M3 on both sides, as an FP8 attention kernel would; FP8 recipes that quantize Linear layers only "
+            "(qbench's torch form: torchao float8 on nn.Linear) keep them in 16/32-bit: keep_float: [masks, "
+            "attention_matmuls] builds that"
         )
     return notes
 
@@ -205,11 +207,14 @@ def e4m3_operand_matmuls(model: onnx.ModelProto) -> list[str]:
 
     def quantized_activation(name: str) -> bool:
         dq = producer.get(name)
-        return dq is not None and dq.op_type == "DequantizeLinear" and getattr(producer.get(dq.input[0]), "op_type", "") == "QuantizeLinear"
+        if dq is None or dq.op_type != "DequantizeLinear":
+            return False
+        return getattr(producer.get(dq.input[0]), "op_type", "") == "QuantizeLinear"
 
     return [
         node.name for node in model.graph.node
-        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2 and all(map(quantized_activation, node.input[:2]))
+        if node.op_type in ("MatMul", "Gemm") and len(node.input) >= 2
+        and all(map(quantized_activation, node.input[:2]))
     ]  # fmt: skip
 
 

@@ -69,6 +69,7 @@ def _as_matmul(
                 "MatMul", [node.input[0], weight_name], [node.output[0]], name=node.name
             )
         ]
+    scaling: list[onnx.NodeProto] = []  # a Mul by beta, where the bias is not a constant to fold it into
     if beta != 1.0:
         constants = {tensor.name: tensor for tensor in graph.initializer}
         if bias in constants:
@@ -82,33 +83,13 @@ def _as_matmul(
             graph.initializer.append(
                 numpy_helper.from_array(np.array(beta, dtype=weight.dtype), factor)
             )
-            scaled_bias = f"{prefix}_scaled_bias"
-            product = f"{prefix}_product"
-            return [
-                helper.make_node(
-                    "MatMul", [node.input[0], weight_name], [product], name=node.name
-                ),
-                helper.make_node(
-                    "Mul",
-                    [node.input[2], factor],
-                    [scaled_bias],
-                    name=f"{prefix}_beta_mul",
-                ),
-                helper.make_node(
-                    "Add",
-                    [product, scaled_bias],
-                    [node.output[0]],
-                    name=f"{prefix}_bias_add",
-                ),
-            ]
+            bias = f"{prefix}_scaled_bias"
+            scaling = [helper.make_node("Mul", [node.input[2], factor], [bias], name=f"{prefix}_beta_mul")]
     product = f"{prefix}_product"
     return [
-        helper.make_node(
-            "MatMul", [node.input[0], weight_name], [product], name=node.name
-        ),
-        helper.make_node(
-            "Add", [product, bias], [node.output[0]], name=f"{prefix}_bias_add"
-        ),
+        helper.make_node("MatMul", [node.input[0], weight_name], [product], name=node.name),
+        *scaling,
+        helper.make_node("Add", [product, bias], [node.output[0]], name=f"{prefix}_bias_add"),
     ]
 
 

@@ -39,7 +39,8 @@ def histogram_problem(values: np.ndarray) -> str | None:
     if values.size and not np.all(np.isfinite(values)):
         return NONFINITE
     if values.size and float(np.max(np.abs(values))) > HISTOGRAM_LIMIT:
-        return f"holds values up to {float(np.max(np.abs(values))):.3g} (a mask?) beyond a histogram's range; {UNQUANTIZED}"
+        return (f"holds values up to {float(np.max(np.abs(values))):.3g} "
+                f"(a mask?) beyond a histogram's range; {UNQUANTIZED}")
     return None
 
 

@@ -173,7 +173,8 @@ def build_int8(spec: VariantSpec, ctx: BuildContext) -> BuiltVariant:
     if dynamic and "MatMul" in op_types:
         params["gemms_as_matmul"] = len(gemms_as_matmul(model))  # the dynamic quantizer skips Gemm (a torch Linear)
     if isinstance(config, OrtStatic) and "Gemm" in op_types:
-        params["gemms_made_plain"] = len(plain_gemm_factors(model))  # the static quantizer misreads alpha, beta, a 2-D C
+        # the static quantizer misreads alpha, beta, a 2-D C
+        params["gemms_made_plain"] = len(plain_gemm_factors(model))
     rules, default = float_rules(config, static=isinstance(config, OrtStatic))
     kept_float = kept_float_nodes(model, rules, default=default)
     params.update(kept_float.params())
@@ -253,7 +254,8 @@ def _nothing_quantized(
         why = [text for names, text in ((preprocessing, "preprocessing in front of every layer with weights"),
                                         (predictor_outputs, "steps on the float output of an ONNX-ML predictor"))
                if quantizable.intersection(names)]  # fmt: skip
-        return f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: {' and '.join(why)}{nested})"
+        return (f"nothing to quantize (every {_kinds(model, quantizable)} node is kept float: "
+                f"{' and '.join(why)}{nested})")
     if not computing:
         return (f"nothing to quantize (Q/DQ on {_kinds(model, quantizable)} would only round data that ONNX Runtime "
                 f"moves, selects or computes in float: no integer arithmetic{nested})")
@@ -308,7 +310,8 @@ def _quantize_static(
     if unranged:
         exclude = [*exclude, *unranged]
         more = f" (+{len(unranged) - 5} more)" if len(unranged) > 5 else ""
-        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: {', '.join(unranged[:5])}{more}")
+        notes.append(f"{len(unranged)} node(s) left in FP32 around tensors without a range: "
+                     f"{', '.join(unranged[:5])}{more}")
     with build_step(name, "static quantization"), quiet_stdout():
         quantize_static(
             prepared,
@@ -367,7 +370,8 @@ def _reading_nonfinite(
 
 
 def _quantize_dynamic(
-    name: str, config: OrtInt8, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...], exclude: list[str]
+    name: str, config: OrtInt8, prepared: Path, target: Path, reduce_range: bool, op_types: tuple[str, ...],
+    exclude: list[str]
 ) -> dict[str, Any]:
     """Write the dynamically quantized model; returns the params it used."""
     with build_step(name, "dynamic quantization"), quiet_stdout():
@@ -400,5 +404,6 @@ def _notes(config: OrtInt8, reduce_range: bool, quantized: onnx.ModelProto) -> l
     if isinstance(config, OrtDynamic) and any(node.op_type == "ConvInteger" for node in quantized.graph.node):
         notes.append("dynamic INT8 runs Conv as ConvInteger, which is usually slower than FP32 on CPU; prefer static")
     if needs_reduce_range() and not reduce_range and config.weight_type == "int8":
-        notes.append("reduce_range is off on an x86 CPU without VNNI: int8-weight kernels may saturate and lose accuracy")
+        notes.append("reduce_range is off on an x86 CPU without VNNI: "
+                     "int8-weight kernels may saturate and lose accuracy")
     return notes

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qbench.onnx_read import infer_shapes, typing_skeleton
+from qbench.onnx_read import infer_shapes, subgraphs_of, typing_skeleton
 from qbench.variants.onnx_utils import drop_unused_initializers, names_read
 
 LINEAR_OP_TYPES = ("MatMul", "Gemm")
@@ -72,9 +72,8 @@ class GraphView:
         # names read inside If/Loop bodies: their readers are not in self.consumers
         self._read_by_subgraphs: set[str] = set()
         for node in self.nodes:
-            for attribute in node.attribute:
-                for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                    self._read_by_subgraphs |= names_read(subgraph)
+            for subgraph in subgraphs_of(node):
+                self._read_by_subgraphs |= names_read(subgraph)
         self._taken = {name for node in self.nodes for name in (*node.input, *node.output, node.name)}
         self._taken |= set(self.constants) | overridable
         self._changed: set[str] = set()
@@ -128,9 +127,8 @@ class GraphView:
             reached = {value.name for value in self.model.graph.input}
             for node in self.nodes:
                 read = set(node.input)
-                for attribute in node.attribute:
-                    for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                        read |= names_read(subgraph)
+                for subgraph in subgraphs_of(node):
+                    read |= names_read(subgraph)
                 if read & reached:
                     reached.update(node.output)
             self._from_inputs = reached

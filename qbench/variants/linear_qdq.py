@@ -66,7 +66,8 @@ def activation_qparams(low: float, high: float, activation_type: ActivationType,
     return (scale if scale > 0 else 1.0), zero_point
 
 
-def quantize_weight(weight: np.ndarray, output_axis: int, per_channel: bool, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_weight(weight: np.ndarray, output_axis: int, per_channel: bool,
+                    qmax: int) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric int8 weight and its scale (one per output channel, or one scalar)."""
     absmax = np.abs(weight).max(axis=1 - output_axis) if per_channel else np.abs(weight).max()
     scale = np.where(absmax > 0, absmax / qmax, 1.0).astype(np.float32)
@@ -182,7 +183,8 @@ def _drop_gemm_factors(view: GraphView, linear: Linear) -> None:
     node.attribute.extend(kept)
 
 
-def _quantize_bias(view: GraphView, index: int, position: int, width: int, bias_scale: np.ndarray, per_channel: bool) -> None:
+def _quantize_bias(view: GraphView, index: int, position: int, width: int, bias_scale: np.ndarray,
+                   per_channel: bool) -> None:
     """Store the bias at input `position` of node `index` as int32 with scale input_scale * weight_scale,
     behind a DequantizeLinear.
 
@@ -210,12 +212,14 @@ def _quantize_bias(view: GraphView, index: int, position: int, width: int, bias_
 
 
 def _dynamic(view: GraphView, tensor: str, group: list[Linear], first: int, settings: LinearQuantSettings) -> None:
-    quantized, scale, zero_point = (view.fresh_name(f"{tensor}_{part}") for part in ("quantized", "scale", "zero_point"))
+    quantized, scale, zero_point = (view.fresh_name(f"{tensor}_{part}")
+                                    for part in ("quantized", "scale", "zero_point"))
     view.insert_before(first, [_node(view, "DynamicQuantizeLinear", [tensor], [quantized, scale, zero_point])])
     for linear in group:
         node = linear.node
         weight, weight_scale, weight_zero = _weight_constants(view, linear, settings, transpose=True)
-        integer, as_float, scales = (view.fresh_name(f"{node.output[0]}_{part}") for part in ("int32", "float", "scales"))
+        integer, as_float, scales = (view.fresh_name(f"{node.output[0]}_{part}")
+                                     for part in ("int32", "float", "scales"))
         product, bias = _product_and_bias(view, node)
         view.replace(linear.index, [
             _node(view, "MatMulInteger", [quantized, weight, zero_point, weight_zero], [integer]),

@@ -1,29 +1,27 @@
 """NVIDIA ModelOpt as the quantizer of INT8 / FP8 variants (`quantizer: modelopt`).
 
-ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts
-fake quantizers from a preset (INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the
-alpha of the variant's `smoothquant:` block), calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
+ModelOpt quantizes the recipe's PyTorch module, not the ONNX graph: `mtq.quantize` inserts fake quantizers from a preset
+(INT8_DEFAULT_CFG, FP8_DEFAULT_CFG; INT8_SMOOTHQUANT_CFG with the alpha of the variant's `smoothquant:` block),
+calibrates them on the calibration batches, and the TorchScript exporter writes ONNX.
 
-Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram
-calibrator on activations (per tensor only, so weights keep max). Its entropy search needs an
-integer format: FP8 takes minmax or percentile.
+Calibrators: `minmax` is ModelOpt's "max" algorithm; `entropy` / `percentile` use its histogram calibrator on
+activations (per tensor only, so weights keep max). Its entropy search needs an integer format: FP8 takes minmax or
+percentile.
 
-Exclusions: `exclude_nodes` names a torch module ("encoder.layer.3.output.dense") or a node of
-the FP32 export ("/encoder/layer.3/output/dense/MatMul": the TorchScript exporter names nodes
-after the module path). That module's quantizers and those inside it are disabled
-({"quantizer_name": "<module>.*", "enable": False}).
+Exclusions: `exclude_nodes` names a torch module ("encoder.layer.3.output.dense") or a node of the FP32 export
+("/encoder/layer.3/output/dense/MatMul": the TorchScript exporter names nodes after the module path). That module's
+quantizers and those inside it are disabled ({"quantizer_name": "<module>.*", "enable": False}).
 
-NaN/inf: under `data.nonfinite_inputs: keep`, a quantizer fed NaN or ±inf on calibration rows would get no finite
-amax (ModelOpt's max calibrator stops on an assertion, its histogram one in torch.histc) and, were it calibrated, its
-Q/DQ would write NaN as a number, so a model reading NaN as missing afterwards would take the present-value branch.
-The module owning such a quantizer is kept float, as the ONNX builds keep the nodes reading such a tensor
+NaN/inf: under `data.nonfinite_inputs: keep`, a quantizer fed NaN or ±inf on calibration rows would get no finite amax
+(ModelOpt's max calibrator stops on an assertion, its histogram one in torch.histc) and, were it calibrated, its Q/DQ
+would write NaN as a number, so a model reading NaN as missing afterwards would take the present-value branch. The
+module owning such a quantizer is kept float, as the ONNX builds keep the nodes reading such a tensor
 (`qbench.variants.nonfinite_scan`), named in the notes and `nonfinite_inputs_kept_fp32`.
 
-Export: INT8 is standard QuantizeLinear/DequantizeLinear, read by ONNX Runtime and TensorRT
-alike (`<name>.onnx`). FP8 uses TensorRT's `trt::TRT_FP8QuantizeLinear` / `TRT_FP8DequantizeLinear`:
-that file is kept as `<name>.trt.onnx` for TensorRT, and `<name>.onnx` is rewritten to standard
-float8e4m3fn Q/DQ (weights stored as float8) for ONNX Runtime's CPU simulation. FP8 is exported
-at opset 19 directly (bumping an opset-17 graph by hand broke ReduceL2: trials pitfall 7).
+Export: INT8 is standard QuantizeLinear/DequantizeLinear, read by ONNX Runtime and TensorRT alike (`<name>.onnx`). FP8
+uses TensorRT's `trt::TRT_FP8QuantizeLinear` / `TRT_FP8DequantizeLinear`: that file is kept as `<name>.trt.onnx` for
+TensorRT, and `<name>.onnx` is rewritten to standard float8e4m3fn Q/DQ (weights stored as float8) for ONNX Runtime's CPU
+simulation. FP8 is exported at opset 19 directly (bumping an opset-17 graph by hand broke ReduceL2: trials pitfall 7).
 """
 
 from __future__ import annotations
@@ -126,7 +124,8 @@ class ModeloptSettings:
             if entry["quantizer_name"] == "*weight_quantizer" and self.per_channel is not None:
                 attributes["axis"] = 0 if self.per_channel else None
         # "" is the root module (a bare nn.Linear): every quantizer is its own
-        config["quant_cfg"] += [{"quantizer_name": f"{name}.*" if name else "*", "enable": False} for name in excluded_modules]
+        config["quant_cfg"] += [{"quantizer_name": f"{name}.*" if name else "*", "enable": False}
+                                for name in excluded_modules]
         if self.histogram_method is not None:
             config["algorithm"] = None
         elif self.smoothquant_alpha is not None:
@@ -282,7 +281,8 @@ def import_modelopt() -> Any:
 
 
 def quantize_module(
-    module: Any, settings: ModeloptSettings, excluded: Sequence[str], batches: Sequence[Feeds], input_names: Sequence[str]
+    module: Any, settings: ModeloptSettings, excluded: Sequence[str], batches: Sequence[Feeds],
+    input_names: Sequence[str]
 ) -> tuple[Any, dict[str, float]]:
     """`mtq.quantize` the module in place with `settings`, calibrated on `batches`, the modules `excluded` kept float.
 
@@ -300,7 +300,8 @@ def quantize_module(
 
 
 def quantizers_reading_nonfinite(
-    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds], input_names: Sequence[str]
+    module: Any, settings: ModeloptSettings, excluded: dict[str, str], batches: Sequence[Feeds],
+    input_names: Sequence[str]
 ) -> dict[str, list[str]]:
     """Module name -> its enabled quantizers whose input holds NaN or ±inf on some calibration batch (FP32 values).
 
@@ -455,7 +456,8 @@ def standard_fp8_model(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(helper.make_node(_TRT_FP8_OPS[node.op_type], inputs, list(node.output), name=node.name))
     leftover = custom_domains(model) - {TRT_DOMAIN}
     if leftover or any(n.domain == TRT_DOMAIN for n in nodes):
-        raise QbenchError(f"the FP8 export holds custom nodes qbench cannot rewrite ({', '.join(sorted(leftover)) or TRT_DOMAIN})")
+        raise QbenchError("the FP8 export holds custom nodes qbench cannot rewrite "
+                          f"({', '.join(sorted(leftover)) or TRT_DOMAIN})")
     graph.ClearField("node")
     graph.node.extend(nodes)
     graph.initializer.extend([*folded, zero_point])

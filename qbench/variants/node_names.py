@@ -50,8 +50,9 @@ def main_graph_nodes(model: onnx.ModelProto, name: str) -> list[str]:
     if not main:
         owner = owners[matched[0]]
         raise QbenchError(
-            f"{name!r} is inside the subgraph of {owner.op_type} node {owner.name!r}, which ONNX builds leave float (they "
-            "rewrite the main graph only): there is nothing to keep in floating point; expected a node of the main graph"
+            f"{name!r} is inside the subgraph of {owner.op_type} node {owner.name!r}, which ONNX builds leave float "
+            "(they rewrite the main graph only): there is nothing to "
+            "keep in floating point; expected a node of the main graph"
         )
     return main
 

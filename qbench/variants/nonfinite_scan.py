@@ -30,7 +30,8 @@ from qbench.variants.onnx_utils import save_model
 _PREFIX = "qbench_nonfinite_"
 
 
-def nonfinite_tensors(model: onnx.ModelProto, tensors: Iterable[str], batches: Sequence[Feeds], workdir: Path) -> set[str]:
+def nonfinite_tensors(model: onnx.ModelProto, tensors: Iterable[str], batches: Sequence[Feeds],
+                      workdir: Path) -> set[str]:
     """The numeric `tensors` (graph inputs or outputs of main-graph nodes of `model`) that hold NaN or ±inf on any of
     `batches`; names `model` does not compute at its top level are ignored. `model` is not changed."""
     graph = model.graph

@@ -31,7 +31,7 @@ from onnx import TensorProto, helper
 
 from qbench.errors import QbenchError, one_line
 from qbench.files import new_folder, writing_file
-from qbench.onnx_read import copy_field, over_protobuf_limit, read_onnx, subgraphs_of, typing_skeleton
+from qbench.onnx_read import all_graphs, copy_field, over_protobuf_limit, read_onnx, subgraphs_of, typing_skeleton
 from qbench.variants.base import BuildContext, BuiltVariant
 
 # metadata_props keys under which a saved variant declares the ONNX Runtime session options it needs
@@ -267,12 +267,11 @@ class Stopwatch:
 
 def names_read(graph: onnx.GraphProto) -> set[str]:
     """Every tensor name a node reads, in this graph and its subgraphs (which may read outer names)."""
-    names = {output.name for output in graph.output}
-    for node in graph.node:
-        names.update(node.input)
-        for attribute in node.attribute:
-            for subgraph in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                names |= names_read(subgraph)
+    names: set[str] = set()
+    for held in all_graphs(graph):
+        names.update(output.name for output in held.output)
+        for node in held.node:
+            names.update(node.input)
     return names
 
 
@@ -306,7 +305,8 @@ def topologically_sorted(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
     earliest in `nodes` goes first, so a sorted list comes back in its own order.
     """
     producer = {name: index for index, node in enumerate(nodes) for name in node.output if name}
-    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer} for node in nodes]
+    waiting = [{producer[name] for name in (*node.input, *outer_scope_reads(node)) if name in producer}
+               for node in nodes]
     readers: dict[int, list[int]] = {}
     for index, needs in enumerate(waiting):
         for need in needs:

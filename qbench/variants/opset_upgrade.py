@@ -87,7 +87,8 @@ def _convert_version(model: onnx.ModelProto, minimum: int) -> onnx.ModelProto:
     inputs = {value.name: value for value in converted.graph.input}
     for name, tensor in standins.items():
         kind = inputs[name].type.tensor_type if name in inputs else None
-        if kind is None or kind.elem_type != tensor.data_type or [d.dim_value for d in kind.shape.dim] != list(tensor.dims):
+        if (kind is None or kind.elem_type != tensor.data_type
+                or [d.dim_value for d in kind.shape.dim] != list(tensor.dims)):
             raise QbenchError(f"raising opset {default_opset(model)} to {minimum} (onnx's version converter) changed "
                               f"weight {name!r}; export the model at opset {minimum} or later")  # fmt: skip
     drop_standin_inputs(converted.graph, set(standins))
@@ -153,18 +154,19 @@ def _check_interface_kept(model: onnx.ModelProto, converted: onnx.ModelProto, op
     for (kind, name, before), (_, renamed, after) in zip(interface(model.graph), interface(converted.graph),
                                                          strict=False):  # fmt: skip
         if renamed != name:
-            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed graph "
-                              f"{kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) renamed "
+                              f"graph {kind} {name!r} to {renamed!r}; export the model at opset {opset} or later")
         if not _same_interface(before, after):
-            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed graph "
-                              f"{kind} {name!r} from {_described(before)} to {_described(after)}; export the model at "
-                              f"opset {opset} or later")  # fmt: skip
+            raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed "
+                              f"graph {kind} {name!r} from {_described(before)} to {_described(after)}; export the "
+                              f"model at opset {opset} or later")  # fmt: skip
     if len(interface(model.graph)) != len(interface(converted.graph)):
         raise QbenchError(f"raising opset {default_opset(model)} to {opset} (onnx's version converter) changed the "
                           f"graph's inputs or outputs; export the model at opset {opset} or later")
 
 
-_HOLDERS = {"sequence_type": "seq", "optional_type": "optional"}  # the types holding one other type, as ONNX writes them
+# the types holding one other type, as ONNX writes them
+_HOLDERS = {"sequence_type": "seq", "optional_type": "optional"}
 
 
 def _same_interface(before: onnx.TypeProto, after: onnx.TypeProto) -> bool:
@@ -283,7 +285,8 @@ def _per_element_batchnorms(model: onnx.ModelProto) -> onnx.ModelProto:
     def arithmetic(node: onnx.NodeProto) -> list[onnx.NodeProto]:
         x, scale, bias, mean, variance = node.input[:5]
         epsilon = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-5)
-        part = [f"{node.output[0]}/qbench_bn_{name}" for name in ("eps", "shifted", "var_eps", "std", "normed", "scaled")]
+        part = [f"{node.output[0]}/qbench_bn_{name}"
+                for name in ("eps", "shifted", "var_eps", "std", "normed", "scaled")]
         return [helper.make_node("Constant", [], [part[0]], name=f"{node.name}/epsilon",
                                  value=helper.make_tensor(part[0], onnx.TensorProto.FLOAT, [], [epsilon])),
                 helper.make_node("Sub", [x, mean], [part[1]], name=f"{node.name}/centre"),

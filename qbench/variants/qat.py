@@ -81,7 +81,8 @@ ROUTE = "torchao PT2E: prepare_qat_pt2e (X86InductorQuantizer) -> convert_pt2e -
 # which clips rare outliers as both of those do.
 _OBSERVER_CLASSES = {cls.__name__: cls for cls in (MinMaxObserver, HistogramObserver)}
 OBSERVERS: dict[str, type] = {
-    name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS if CALIBRATORS.get(name).torchao_observer
+    name: _OBSERVER_CLASSES[CALIBRATORS.get(name).torchao_observer] for name in CALIBRATORS
+    if CALIBRATORS.get(name).torchao_observer
 }
 SCALE_EPS = 2**-12  # smallest scale, as in torchao's x86 config
 _ANNOTATION = "quantization_annotation"  # torchao's node.meta key
@@ -202,13 +203,15 @@ class OnnxRuntimePlacement(X86InductorQuantizer):
         with nn.ReLU, not with torch.relu, and a grid before the ReLU also spans the negative half (QAT of an MLP lost
         up to 1.7 points of accuracy, three seeds). ONNX Runtime folds that activation into the Q after it."""
         users = list(node.users)
-        end = users[0] if len(users) == 1 and users[0].target in _ACTIVATIONS and _ANNOTATION not in users[0].meta else node
+        fused = len(users) == 1 and users[0].target in _ACTIVATIONS and _ANNOTATION not in users[0].meta
+        end = users[0] if fused else node
         if all(user.op == "output" for user in end.users):
             return  # the model's output: kept float
         if end is node:
             node.meta[_ANNOTATION].output_qspec = self.global_config.output_activation
         else:
-            end.meta[_ANNOTATION] = QuantizationAnnotation(output_qspec=self.global_config.output_activation, _annotated=True)
+            end.meta[_ANNOTATION] = QuantizationAnnotation(output_qspec=self.global_config.output_activation,
+                                                           _annotated=True)
 
 
 @dataclass(frozen=True)
@@ -363,7 +366,8 @@ def _prepare(torch_model: Any, scheme: QatScheme) -> torch.fx.GraphModule:
     fake quantization."""
     example = torch_model.example_inputs()
     dims = {name: torch.export.Dim(name) for axes in torch_model.dynamic_axes().values() for name in axes.values()}
-    shapes = tuple({axis: dims[dim] for axis, dim in torch_model.dynamic_axes()[name].items()} for name in torch_model.input_names)
+    shapes = tuple({axis: dims[dim] for axis, dim in torch_model.dynamic_axes()[name].items()}
+                   for name in torch_model.input_names)
     graph = torch.export.export(torch_model.build(), example, dynamic_shapes=shapes).module()
     _fuse_conv_bn_(graph)
     _fuse_linear_bn_(graph)
@@ -444,5 +448,6 @@ def _notes(scheme: QatScheme, qat: QatSpec) -> list[str]:
     )
     notes = [trained, TORCH_FORM_NOTE]
     if scheme.calibrator == "percentile":
-        notes.append("percentile maps to torchao's HistogramObserver (there is no percentile observer): the percentile value is not used")
+        notes.append("percentile maps to torchao's HistogramObserver (there is "
+                     "no percentile observer): the percentile value is not used")
     return notes

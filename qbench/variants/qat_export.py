@@ -161,10 +161,12 @@ def _constant_qparams(g: Any, scale: float, zero_point: int, code: int) -> tuple
 
 
 @symbolic_helper.parse_args("v", "f", "i", "i", "i", "i")
-def _quantize_per_tensor(g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int, code: int) -> Any:
+def _quantize_per_tensor(g: Any, x: Any, scale: float, zero_point: int, quant_min: int, quant_max: int,
+                         code: int) -> Any:
     info = torch.iinfo(_quantized_type(code)[0])
     if (quant_min, quant_max) != (info.min, info.max):  # QuantizeLinear clips to the type's full range
-        raise QbenchError(f"QAT export: activation range {quant_min}..{quant_max} is not the full {info.min}..{info.max}")
+        raise QbenchError(f"QAT export: activation range {quant_min}..{quant_max} "
+                          f"is not the full {info.min}..{info.max}")
     return g.op("QuantizeLinear", x, *_constant_qparams(g, scale, zero_point, code))
 
 

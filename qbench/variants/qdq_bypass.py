@@ -141,7 +141,8 @@ def _add_initializer(model: onnx.ModelProto, tensor: onnx.TensorProto) -> str:
 
 
 def prune_unread(graph: onnx.GraphProto) -> None:
-    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads (subgraphs included)."""
+    """Drop nodes whose outputs nobody reads (the bypassed Q/DQ), then initializers nobody reads (subgraphs
+    included)."""
     while dead := [n for n in graph.node if not set(n.output) & names_read(graph)]:
         for node in dead:
             graph.node.remove(node)

@@ -131,6 +131,7 @@ def nothing_quantized_note(params: dict) -> str:
     """The note of a build that quantized no node, naming what kept its layers float where the build knows it (a
     subgraph reading their outputs) rather than only the recipe fields that could have."""
     read = params.get("subgraph_read_kept_float") or []
-    why = (f"{len(read)} node(s) a control-flow subgraph reads ({', '.join(read[:5])}) stay float; else check op_types, "
-           "exclude_nodes and keep_float") if read else "check op_types, exclude_nodes and keep_float"  # fmt: skip
+    check = "check op_types, exclude_nodes and keep_float"
+    why = (f"{len(read)} node(s) a control-flow subgraph reads ({', '.join(read[:5])}) stay float; else {check}"
+           if read else check)
     return f"no node was quantized: this variant computes in FP32 ({why})"

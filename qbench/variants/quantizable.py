@@ -42,10 +42,11 @@ ORT_CONTRIB_QUANTIZERS = frozenset({"Attention", "EmbedLayerNormalization"})
 
 def unquantizable_nodes(model: onnx.ModelProto, handed: Collection[str] = ()) -> list[str]:
     """Names of the nodes kept out of quantization whatever the recipe asks: those outside the standard ONNX domain
-    (but the contrib nodes named in `handed`, which the quantizer lowers to integer kernels), standard nodes whose op type ONNX Runtime's quantizers read as one of its own operators, those computing in
-    float64 (ONNX Runtime's quantizers handle float32 and float16 tensors only), and those whose output a subgraph
-    reads by name (the quantizers do not see that reader: ORT's folds a Relu into the next
-    quantization when it thinks a QuantizeLinear is its only reader, and the subgraph then reads the Relu's input)."""
+    (but the contrib nodes named in `handed`, which the quantizer lowers to integer kernels), standard nodes whose op
+    type ONNX Runtime's quantizers read as one of its own operators, those computing in float64 (ONNX Runtime's
+    quantizers handle float32 and float16 tensors only), and those whose output a subgraph reads by name (the
+    quantizers do not see that reader: ORT's folds a Relu into the next quantization when it thinks a QuantizeLinear is
+    its only reader, and the subgraph then reads the Relu's input)."""
     names = [
         node.name for node in model.graph.node
         if (node.domain not in ("", "ai.onnx") or node.op_type in ORT_CONTRIB_QUANTIZERS) and node.name
@@ -63,7 +64,8 @@ def subgraph_read_producers(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 
 def nested_nodes(model: onnx.ModelProto, op_types: Collection[str]) -> Counter[str]:
-    """`op_types` nodes inside subgraphs, by op type: the quantizers rewrite the main graph only, so these stay float."""
+    """`op_types` nodes inside subgraphs, by op type: the quantizers rewrite the main graph only, so these stay
+    float."""
     found: Counter[str] = Counter()
 
     def visit(nodes: Iterable[onnx.NodeProto], nested: bool) -> None:
@@ -93,7 +95,8 @@ def nested_nodes_note(model: onnx.ModelProto, op_types: Collection[str]) -> list
     if not found:
         return []
     listed = ", ".join(f"{count} {op}" for op, count in sorted(found.items()))
-    return [f"{listed} inside control-flow subgraphs (If/Loop/Scan) stay float: quantization rewrites the main graph only"]
+    return [f"{listed} inside control-flow subgraphs (If/Loop/Scan) "
+            "stay float: quantization rewrites the main graph only"]
 
 
 def float64_nodes(model: onnx.ModelProto) -> list[str]:
@@ -162,4 +165,6 @@ def nested_clause(model: onnx.ModelProto, op_types: Collection[str]) -> str:
     """'; 4 MatMul only inside control-flow subgraphs ...' for a 'nothing to quantize' reason, '' with none there: a
     graph whose layers all sit in If/Loop/Scan bodies quantizes nothing whatever else its main graph holds."""
     inside = ", ".join(f"{count} {op}" for op, count in sorted(nested_nodes(model, op_types).items()))
-    return f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float" if inside else ""
+    if not inside:
+        return ""
+    return f"; {inside} only inside control-flow subgraphs (If/Loop/Scan), which quantization leaves float"

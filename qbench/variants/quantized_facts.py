@@ -6,9 +6,9 @@ weights (DynamicQuantizeLSTM) as int8 whatever `weight_type` says, and its ConvI
 `per_channel` says. So after every INT8 build (`with_quantized_facts`, where a build is finalised, whichever technique
 built it) each node with a quantized weight is read, and its weights and activations are described as stored:
 - weights: element type; bits used (7 when every value lies in a 7-bit range, as `reduce_range` writes them: within
-  64 of a symmetric zero point, or a span of at most 127 steps, zero points included); per tensor or per channel (a scale or zero point with
-  more than one value per weight matrix) and the axis; `centred` when every zero point is the type's midpoint (0 when
-  signed), as a symmetric range puts it, otherwise `asymmetric`;
+  64 of a symmetric zero point, or a span of at most 127 steps, zero points included); per tensor or per channel (a
+  scale or zero point with more than one value per weight matrix) and the axis; `centred` when every zero point is the
+  type's midpoint (0 when signed), as a symmetric range puts it, otherwise `asymmetric`;
 - activations: a static scale (QuantizeLinear with its zero point's type, centred or not), quantized per batch at
   run time (DynamicQuantizeLinear, or a kernel that quantizes its float input itself), or float.
 The params count nodes per op kind and description (`weights_as_built`, `activations_as_built`); where a description
@@ -242,7 +242,8 @@ def _channel_axis(shape: tuple[int, ...], per_group: int, groups: int, default: 
     return next((axis for axis in range(len(shape) - 1, groups - 1, -1) if shape[axis] == per_group), default)
 
 
-def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, groups: int, channel_axis: int) -> WeightFacts:
+def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, groups: int,
+           channel_axis: int) -> WeightFacts:
     """`values` (a quantized weight) described: zero points `zeros` run along `axis` (None: per tensor) below the
     `groups` leading dims; `channel_axis` is where its output channels lie."""
     zeros = np.zeros(1, values.dtype) if zeros is None else zeros
@@ -252,7 +253,8 @@ def _facts(values: np.ndarray, zeros: np.ndarray | None, axis: int | None, group
         bits = None
     elif symmetric:
         bits = 7 if int(np.abs(centred).max()) <= 64 else 8
-    else:  # a quantizer's range holds 0, so the steps it spans reach the zero point: a lone 0 at zero point 255 is 8-bit
+    else:
+        # a quantizer's range holds 0, so the steps it spans reach the zero point: a lone 0 at zero point 255 is 8-bit
         bits = 7 if max(int(values.max()), int(zeros.max())) - min(int(values.min()), int(zeros.min())) <= 127 else 8
     channels = values.shape[channel_axis] if values.ndim > channel_axis else 1
     return WeightFacts(values.dtype.name, bits, axis is not None, axis, _symmetric(zeros, bits or 8), channels)
@@ -272,8 +274,8 @@ def _symmetric(zeros: np.ndarray, bits: int) -> bool:
 
 
 def with_quantized_facts(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVariant:
-    """`built` (an INT8 or FP8 build saved as `model`) with its quantized layers described as stored, in its params, and a
-    note for each option the builder recorded (`weight_type`, `per_channel`, `reduce_range`, `weight_symmetric`,
+    """`built` (an INT8 or FP8 build saved as `model`) with its quantized layers described as stored, in its params,
+    and a note for each option the builder recorded (`weight_type`, `per_channel`, `reduce_range`, `weight_symmetric`,
     `activation_type`, `symmetric_activations`) that the graph does not hold for some op kind."""
     facts = quantized_facts(model, built.onnx_path.parent)
     if not facts:
@@ -285,7 +287,8 @@ def with_quantized_facts(built: BuiltVariant, model: onnx.ModelProto) -> BuiltVa
         activations[node.kind][node.activations.label()] += 1
     params = {**built.params,
               "weights_as_built": {kind: dict(sorted(counts.items())) for kind, counts in sorted(weights.items())},
-              "activations_as_built": {kind: dict(sorted(counts.items())) for kind, counts in sorted(activations.items())}}  # fmt: skip
+              "activations_as_built": {kind: dict(sorted(counts.items()))
+                                       for kind, counts in sorted(activations.items())}}  # fmt: skip
     notes = (*built.notes, *_contradictions(facts, built.params))
     return dataclasses.replace(built, params=params, notes=notes)
 
@@ -300,8 +303,9 @@ def _contradictions(facts: list[NodeFacts], asked: dict[str, Any]) -> list[str]:
         for option, held in _held(nodes, asked):
             count = sum(1 for node in nodes if node in held)
             if count:
-                notes.append(f"{kind}: {count} of {len(nodes)} node(s) hold {held[next(iter(held))]}, though the variant's "
-                             f"options say {option}: {_yaml(asked[option])} (the quantizer's own rule for {kind} decided)")  # fmt: skip
+                notes.append(f"{kind}: {count} of {len(nodes)} node(s) hold {held[next(iter(held))]}, though the "
+                             f"variant's options say {option}: {_yaml(asked[option])} "
+                             f"(the quantizer's own rule for {kind} decided)")  # fmt: skip
     return notes
 
 

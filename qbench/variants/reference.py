@@ -253,4 +253,5 @@ def check_built_model(built: BuiltVariant, reference: Path) -> None:
     got = _interface(built.onnx_path).fed
     if got != expected:
         raise QbenchError(f"variant {built.name!r}: the built model {built.onnx_path.name} takes the inputs "
-                          f"{', '.join(got) or 'none'}; expected the FP32 model's {', '.join(expected)}, in that order")  # fmt: skip
+                          f"{', '.join(got) or 'none'}; expected the FP32 "
+                          f"model's {', '.join(expected)}, in that order")  # fmt: skip

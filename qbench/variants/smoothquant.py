@@ -16,8 +16,8 @@ columns and bias), also through a Relu or a Reshape/Flatten that keeps the last 
 head merge, attention MatMul and head split (`attention_heads`, where the graph proves each channel stays itself);
 Shape/Size readers of a tensor do not block a fold;
 otherwise one Mul by 1/s is inserted before the group (or, with
-`unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation ranges
-come from one ORT pass over the calibration batches; the per-tensor ranges after
+`unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation
+ranges come from one ORT pass over the calibration batches; the per-tensor ranges after
 smoothing follow from them exactly (range_j / s_j), so no second pass is needed.
 `alpha: "auto"` chooses alpha per group from the same pass (see `_best_alpha`).
 """
@@ -296,7 +296,8 @@ def _fold_plan(view: GraphView, tensor: str, width: int) -> list[tuple[str, int]
     if node.op_type in _NORMS and node.output[0] == tensor:
         scale_at, bias_at = _NORMS[node.op_type]
         constants = [i for i in (scale_at, bias_at) if i is not None and i < len(node.input) and node.input[i]]
-        if node_attribute(node, "axis", -1) != -1 or not all(_per_channel(view, node.input[i], width) for i in constants):
+        per_channel = all(_per_channel(view, node.input[i], width) for i in constants)
+        if node_attribute(node, "axis", -1) != -1 or not per_channel:
             return None
         return [("norm", index)]
     if node.op_type in ("Mul", "Add") and len(node.input) == 2:
@@ -414,6 +415,7 @@ def smooth_model(
     ranges = collect_channel_ranges(model, list(groups), batches, tmp, sample_rows)
     input_ranges, report = smooth(view, dict(groups), ranges, settings)
     if report.judged_on_fit:
-        logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged on "
-                       "the row its range was fitted on (clipping beyond that range goes unseen); calibrate on more rows")
+        logger.warning("SmoothQuant alpha auto: calibration has one row, so none could be held back: alpha is judged "
+                       "on the row its range was fitted on (clipping beyond "
+                       "that range goes unseen); calibrate on more rows")
     return SmoothedModel(view.commit(), input_ranges, report)

@@ -190,7 +190,8 @@ def _fp8_form(torch_model: Any) -> TorchForm | str:
         "fp8 e4m3: torchao Float8DynamicActivationFloat8WeightConfig on nn.Linear layers",
         _float8_dynamic,
         devices=("cuda",),
-        note="torch form: torchao float8 E4M3 with dynamic per-tensor scales; the recipe's calibrator applies to the ONNX form only",
+        note="torch form: torchao float8 E4M3 with dynamic per-tensor "
+             "scales; the recipe's calibrator applies to the ONNX form only",
     )
 
 
@@ -211,7 +212,8 @@ def _no_fp8_gpu() -> str | None:
     """Why torchao float8 cannot run here, or None on a CUDA GPU of compute capability >= 8.9."""
     import torch
 
-    needs = f"torchao float8 needs an NVIDIA GPU of compute capability >= {'.'.join(map(str, FP8_MIN_CAPABILITY))} (Ada, Hopper)"
+    needs = ("torchao float8 needs an NVIDIA GPU of compute capability "
+             f">= {'.'.join(map(str, FP8_MIN_CAPABILITY))} (Ada, Hopper)")
     if not torch.cuda.is_available():
         return f"{needs}; this machine has none"
     capability = torch.cuda.get_device_capability()

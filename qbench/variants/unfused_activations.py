@@ -48,7 +48,8 @@ def _as_max_min(model: onnx.ModelProto, node: onnx.NodeProto, dtype: np.dtype) -
         given = {a.name: a.f for a in node.attribute}
         bounds = [given.get("min"), given.get("max")]
     name = node.name or node.output[0]
-    source, steps = node.input[0], [(op, bound) for op, bound in (("Max", bounds[0]), ("Min", bounds[1])) if bound is not None]
+    source = node.input[0]
+    steps = [(op, bound) for op, bound in (("Max", bounds[0]), ("Min", bounds[1])) if bound is not None]
     if not steps:
         return [helper.make_node("Identity", [source], list(node.output), name=name)]
     out: list[onnx.NodeProto] = []

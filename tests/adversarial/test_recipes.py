@@ -81,7 +81,8 @@ def _write(folder: Path, recipe: dict[str, Any] | str | bytes, name: str = "reci
     if isinstance(recipe, bytes):
         path.write_bytes(recipe)
     else:
-        path.write_text(recipe if isinstance(recipe, str) else yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
+        path.write_text(recipe if isinstance(recipe, str)
+                        else yaml.safe_dump(recipe, sort_keys=False, allow_unicode=True))
     return path
 
 
@@ -420,7 +421,8 @@ def test_long_values_are_cut_in_messages(project: Project, tmp_path: Path, capsy
     assert len(line) < 400 and "nnn...nnn" in line
 
 
-def test_dropping_nonfinite_rows_is_counted(project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dropping_nonfinite_rows_is_counted(project: Project, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
     """`data.nonfinite_inputs: drop`: validate passes and says how many rows each column cost."""
     build = with_table(_nan_rows("x", [0, 5, 9], np.nan), ".parquet", ("data.nonfinite_inputs", "drop"))
     recipe = build(tmp_path, project)

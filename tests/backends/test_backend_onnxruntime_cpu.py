@@ -109,7 +109,8 @@ def _rejected_at(monkeypatch: pytest.MonkeyPatch, levels: tuple[str, ...]) -> No
 
     def session(path: str, sess_options: ort.SessionOptions, **kwargs: object) -> ort.InferenceSession:
         if sess_options.graph_optimization_level.name in levels:
-            raise InvalidGraph("[ONNXRuntimeError] : 10 : INVALID_GRAPH : Type 'tensor(float8e4m3fn)' of input is invalid")
+            raise InvalidGraph("[ONNXRuntimeError] : 10 : INVALID_GRAPH : "
+                               "Type 'tensor(float8e4m3fn)' of input is invalid")
         return real(path, sess_options=sess_options, **kwargs)
 
     monkeypatch.setattr(ort, "InferenceSession", session)
@@ -247,14 +248,15 @@ def test_a_string_normalizer_whose_locale_is_missing_is_named_with_the_fix(tmp_p
     with pytest.raises(QbenchError) as caught:
         OnnxRuntimeCPU().load(_variant(path), RunOptions())
     assert str(caught.value) == (
-        f"variant fp32: onnxruntime cannot load {path}: a StringNormalizer node asks for the locale 'xx_NOWHERE.UTF-8', "
-        "which this machine does not have; install it (e.g. `locale-gen xx_NOWHERE.UTF-8`) or give the node a locale "
-        "attribute naming one that `locale -a` lists (C.UTF-8; a node without one, as skl2onnx writes it, asks for "
-        "en_US.UTF-8)"
+        f"variant fp32: onnxruntime cannot load {path}: a "
+        "StringNormalizer node asks for the locale 'xx_NOWHERE.UTF-8', which this machine does not have; install it "
+        "(e.g. `locale-gen xx_NOWHERE.UTF-8`) or give the node a locale attribute naming one that `locale -a` lists "
+        "(C.UTF-8; a node without one, as skl2onnx writes it, asks for en_US.UTF-8)"
     )
 
 
-def test_a_failing_run_is_raised_without_the_runtime_logging_it_too(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+def test_a_failing_run_is_raised_without_the_runtime_logging_it_too(tmp_path: Path,
+                                                                    capfd: pytest.CaptureFixture) -> None:
     """A kernel failing at run time (a Gather past its table, as ONNX Runtime 1.32's opset-23 Attention fails on a
     dynamo export's broadcast mask) is raised for qbench to report in one line; the runtime logged it to stderr too, a
     coloured `[E:onnxruntime ...] ExecuteKernel` block before that line, once for every run that failed."""

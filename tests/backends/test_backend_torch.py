@@ -198,7 +198,8 @@ class CastsToFloat32(nn.Module):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_a_forward_that_casts_to_float32_runs_in_half_precision_under_autocast(exported: Exported, precision: str) -> None:
+def test_a_forward_that_casts_to_float32_runs_in_half_precision_under_autocast(exported: Exported,
+                                                                               precision: str) -> None:
     torch.manual_seed(1)
     fp32 = CastsToFloat32(exported.torch_model.build()).eval()
     variant = _torch_variant(exported, _spec(precision), FakeTorchModel(fp32))
@@ -325,7 +326,8 @@ def test_read_only_feeds_are_accepted_without_warnings(exported: Exported) -> No
 
 
 @pytest.mark.skipif(
-    not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")), reason="torch.compile (Inductor) needs a C++ compiler"
+    not any(shutil.which(cxx) for cxx in ("g++", "c++", "clang++")),
+    reason="torch.compile (Inductor) needs a C++ compiler"
 )
 def test_compile_on_cpu_matches_eager_and_reports_compile_time(exported: Exported) -> None:
     variant = _torch_variant(exported, _spec("fp32", compile=True))

@@ -232,7 +232,8 @@ def test_a_served_call_copies_or_casts_only_what_needs_it(monkeypatch: pytest.Mo
     for name in ("to", "float", "cpu", "detach"):
         original = getattr(torch.Tensor, name)
         monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _n=name, _o=original, **k: calls.append(_n) or _o(self, *a, **k))  # fmt: skip
+                            lambda self, *a, _n=name, _o=original, **k: calls.append(_n)
+                            or _o(self, *a, **k))  # fmt: skip
     feeds = _feeds()
     runner = TorchCPU().load(BuiltVariant("fp32", "fp32", onnx_path, torch_module=Mlp), RunOptions(threads=1))
     try:

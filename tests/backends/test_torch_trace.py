@@ -133,7 +133,8 @@ class RecurrentThenLinear(nn.Module):
 
 
 @pytest.mark.parametrize("layer", [nn.LSTM, nn.GRU])
-def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_path: Path, layer: type[nn.Module]) -> None:
+def test_a_recurrent_layer_torchao_left_float_is_said_in_the_int8_label(onnx_path: Path,
+                                                                        layer: type[nn.Module]) -> None:
     """On CPU an nn.LSTM runs as one fused oneDNN kernel (mkldnn_rnn_layer), which was not counted as a matrix
     product: its int8 form read 'int8 (torchao dynamic, 1 of 1 linear layers)' with nothing left in float, while
     the LSTM, most of the weights, ran in float32 (an nn.GRU's addmm/mm were counted)."""

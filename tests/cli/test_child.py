@@ -39,8 +39,8 @@ def test_the_logging_process_is_started_before_the_command_line_is_imported(tmp_
     probe = (
         "import runpy, sys\n"
         "import qbench.track.process as tp\n"
-        "tp.prestart = lambda level=None: print('prestart; cli_app imported:', 'qbench.cli.app' in sys.modules, flush=True)\n"
-        "sys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
+        "tp.prestart = lambda level=None: print('prestart; cli_app "
+        "imported:', 'qbench.cli.app' in sys.modules, flush=True)\nsys.argv = ['qbench', 'sweep', 'missing.yaml']\n"
         "runpy.run_module('qbench.cli.child', run_name='__main__')\n"
     )
     done = _run_probe(probe, tmp_path)

@@ -206,8 +206,9 @@ def test_a_default_tracking_store_that_cannot_be_written_stops_the_sweep_before_
     done = run_qbench("sweep", str(recipe), MLFLOW_TRACKING_URI=f"sqlite:///{blocker}/mlflow.db")
     assert done.returncode == 2
     assert done.stderr.splitlines() == [f"error: {recipe}: tracking.uri: {blocker} is a file; expected a writable "
-                                        f"folder (tracking.uri is not set, so runs go to sqlite:///{blocker}/mlflow.db: "
-                                        "set tracking.uri or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
+                                        "folder (tracking.uri is not set, so runs go to "
+                                        f"sqlite:///{blocker}/mlflow.db: set tracking.uri "
+                                        "or $MLFLOW_TRACKING_URI, or run with --no-track)"]  # fmt: skip
     assert sorted((recipe.parent / "reports" / "iris-ci").iterdir()) == runs
 
 
@@ -257,7 +258,8 @@ def test_under_github_actions_a_breach_and_an_error_are_annotated_once(recipe):
     missing = recipe.parent / "nowhere" / "results.json"
     error = run_qbench("gate", "--results", str(missing), GITHUB_ACTIONS="true")
     assert (error.returncode, error.stderr.splitlines()) == (2, [f"error: {missing}: results file not found",
-                                                                 f"::error title=qbench::{missing}: results file not found"])  # fmt: skip
+                                                                 f"::error title=qbench::{missing}: "
+                                                                 "results file not found"])  # fmt: skip
     unmatched = recipe.with_name("unmatched-annotated.yaml")  # unusable: the annotation names the problem itself
     unmatched.write_text(yaml.safe_dump({**yaml.safe_load(recipe.read_text()),
                                          "gate": {**GATE, "applies_to": ["bf16*"]}}))  # fmt: skip

@@ -202,7 +202,8 @@ def closed_reader(*args: str, merged: bool = False) -> tuple[int, str]:
     """Run qbench with its stdout (and with `merged`, its stderr: `2>&1 | head -0`) read by nobody: the pipe is
     closed before the first line; returns the exit status and what came on stderr."""
     process = subprocess.Popen([sys.executable, "-m", "qbench.cli", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, env=qbench_env())  # fmt: skip
+                               stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True,
+                               env=qbench_env())  # fmt: skip
     assert process.stdout is not None
     process.stdout.close()
     err = "" if merged or process.stderr is None else process.stderr.read()
@@ -362,7 +363,8 @@ def test_a_json_array_in_a_json_lines_file_is_one_line(project, tmp_path, capsys
     recipe = recipe_reading(project, tmp_path, data="rows.jsonl")
     assert main(["validate", str(recipe)]) == 2
     assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.jsonl: line 1 is an array; expected "
-                                  'one JSON object per line (JSON lines), such as {"x": [0.1, 0.2], "y": 1}')  # fmt: skip
+                                  'one JSON object per line (JSON lines), '
+                                  'such as {"x": [0.1, 0.2], "y": 1}')  # fmt: skip
 
 
 def test_a_utf16_csv_with_its_byte_order_mark_is_read(project, tmp_path, capsys):
@@ -383,9 +385,11 @@ def test_a_csv_in_another_encoding_is_refused_naming_where_and_the_field_then_re
     line = raw[:offset].count(b"\n") + 1
     recipe = recipe_reading(project, tmp_path, data="rows.csv")
     assert main(["validate", str(recipe)]) == 2
-    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read rows.csv: line {line} (byte {offset}: 0xe4) "
-                                  "is not utf-8 text; set data.encoding to the encoding the file was written in "
-                                  "(cp1252 for most Windows and Excel exports, latin-1, utf-16, ...)")  # fmt: skip
+    assert error_line(capsys) == (f"error: {recipe}: data.path: cannot read "
+                                  f"rows.csv: line {line} (byte {offset}: 0xe4) "
+                                  "is not utf-8 text; set data.encoding to the "
+                                  "encoding the file was written in (cp1252 for most "
+                                  "Windows and Excel exports, latin-1, utf-16, ...)")  # fmt: skip
     raw_recipe = yaml.safe_load(recipe.read_text())
     raw_recipe["data"]["encoding"] = "latin-1"
     recipe.write_text(yaml.safe_dump(raw_recipe, sort_keys=False))

@@ -162,7 +162,8 @@ def _double_zipmap_project(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "double", "task": "classification", "model": {"path": "m.onnx"},
-        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y"}, "variants": [{"name": "h", "precision": "fp16"}],
+        "data": {"path": "d.parquet", "inputs": {"x": "x"}, "label": "y"},
+        "variants": [{"name": "h", "precision": "fp16"}],
         "latency": {"batch_sizes": [1], "iterations": 3, "warmup": 1},
     }))  # fmt: skip
     return recipe

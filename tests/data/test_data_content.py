@@ -47,7 +47,8 @@ def test_texts_sharing_their_first_max_length_tokens_are_one_input() -> None:
 
 def test_a_pair_is_one_input_only_where_both_texts_feed_the_same_ids() -> None:
     table = pd.DataFrame({"text": ["Who won?", "who won?", "who won?"],
-                          "passage": ["The Reds won.", "the reds  won.", "The Blues won."], "y": [0, 0, 0]})  # fmt: skip
+                          "passage": ["The Reds won.", "the reds  won.", "The Blues won."],
+                          "y": [0, 0, 0]})  # fmt: skip
     rows = evaluation_rows(table, _data(pair="passage"), recipe_file=RECIPE, calibrated=False)
     assert rows.distinct_inputs == {"overall": 2}
 

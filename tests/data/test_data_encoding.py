@@ -94,8 +94,10 @@ def test_utf8_text_declared_in_a_single_byte_encoding_is_refused_not_garbled(tmp
     with pytest.raises(RecipeError) as error:
         load_table(path, recipe_file=RECIPE, encoding=encoding)
     word = "2.5,1,café" if suffix == ".csv" else '"café"}'
-    assert str(error.value) == (f"qbench.yaml: data.path: cannot read rows{suffix}: it is UTF-8 text, but data.encoding "
-                                f"is {encoding!r}, which reads {word!r} as {word.encode().decode(encoding)!r}; expected "
+    assert str(error.value) == ("qbench.yaml: data.path: cannot read "
+                                f"rows{suffix}: it is UTF-8 text, but data.encoding "
+                                f"is {encoding!r}, which reads {word!r} as "
+                                f"{word.encode().decode(encoding)!r}; expected "
                                 "data.encoding: utf-8 for this file, or none")  # fmt: skip
     path.write_bytes(text.replace("é", "e").encode("utf-8"))  # ASCII: the same text in either encoding, read
     assert len(load_table(path, recipe_file=RECIPE, encoding=encoding)) == text.count("\n") - (suffix == ".csv")

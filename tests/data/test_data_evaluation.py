@@ -1,4 +1,5 @@
-"""The recipe's data table as the sweep (qbench.preflight.prepare.prepare) and the gate (evaluation_from_data) both read it."""
+"""The recipe's data table as the sweep (qbench.preflight.prepare.prepare) and the gate (evaluation_from_data) both
+read it."""
 
 from __future__ import annotations
 

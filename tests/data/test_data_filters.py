@@ -353,7 +353,8 @@ ZONED = ["2026-03-01T10:00:00+02:00", "2026-03-01T09:00:00Z", "2026-03-01T07:30:
     ({"not_in": ["2026-03-01T11:00:00+02:00"]}, [0, 2]),  # 09:00 UTC
 ])  # fmt: skip
 def test_text_times_with_different_utc_offsets_compare_as_instants(flt: dict, expected: list[int]) -> None:
-    """Such a column was refused as 'not all dates' (`ge`), and `eq` / `not_in` compared the text: nothing / every row."""
+    """Such a column was refused as 'not all dates' (`ge`), and `eq` / `not_in` compared the text: nothing / every
+    row."""
     table = pd.DataFrame({"ts": ZONED})
     assert np.flatnonzero(filter_mask(table, {"ts": flt}, field=FIELD, recipe_file=RECIPE)).tolist() == expected
 
@@ -384,7 +385,8 @@ def test_a_date_in_a_local_form_is_refused_never_guessed(column: str, flt: dict)
     operand = operand[0] if isinstance(operand, list) else operand
     assert str(info.value) == (f"recipe.yaml: {FIELD}.{column}: got {operand!r}, a date not written as ISO 8601; "
                                "expected a date such as '2024-01-31' or a time such as '2024-01-31T12:30:00+02:00' "
-                               "(day and month orders differ between locales, so other forms are not guessed)")  # fmt: skip
+                               "(day and month orders differ between "
+                               "locales, so other forms are not guessed)")  # fmt: skip
 
 
 def test_a_text_that_is_no_date_against_iso_text_dates_is_refused_and_a_column_of_local_dates_names_a_cell() -> None:

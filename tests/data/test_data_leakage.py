@@ -81,7 +81,8 @@ def test_a_calibration_sample_taking_every_evaluation_row_is_refused():
 def test_shared_rows_finds_the_same_inputs_across_tables_whatever_the_cell_type():
     table = _table(20)
     copy = pd.DataFrame({"x": [cell.astype(np.float64).tolist() for cell in table["x"]][5:12]})
-    assert shared_rows(copy, np.arange(len(copy)), row_digests(table, np.arange(8, 20), ["x"]), ["x"]) == 4  # rows 8..11
+    # rows 8..11
+    assert shared_rows(copy, np.arange(len(copy)), row_digests(table, np.arange(8, 20), ["x"]), ["x"]) == 4
     assert shared_rows(table, np.arange(8), row_digests(table, np.arange(8, 20), ["x"]), ["x"]) == 0
 
 
@@ -99,14 +100,16 @@ def test_whole_columns_and_cell_by_cell_encode_alike(monkeypatch):
     # the same inputs as Python lists and numbers, a ragged column beside them: encoded a cell at a time
     mixed = pd.DataFrame({"x": [[1, 2.5], [float("nan"), -0.0], [3, 4, 5], [0.0, 0.0]],
                           "n": pd.Series([7, 8, 9, 9], dtype=object), "s": ["a", "b", "c", "d"]})  # fmt: skip
-    assert shared_rows(mixed, np.arange(4), row_digests(whole, np.arange(3), ["x", "n", "s"]), ["x", "n", "s"]) == 2  # rows 0 and 1
+    # rows 0 and 1
+    assert shared_rows(mixed, np.arange(4), row_digests(whole, np.arange(3), ["x", "n", "s"]), ["x", "n", "s"]) == 2
     assert len(cells) > 0
     # kind still tells cells apart, an integer 7 from 7.0; a zero's sign does not: 0.0 and -0.0 are one input
     floats = pd.DataFrame({"x": [np.array([np.nan, 0.0])], "n": [7.0]})
     assert shared_rows(floats, np.arange(1), row_digests(whole, np.arange(3), ["x"]), ["x"]) == 1
     assert shared_rows(floats, np.arange(1), row_digests(whole, np.arange(3), ["n"]), ["n"]) == 0
     words = pd.DataFrame({"t": [np.array(["a", "b"]), ("a", "b"), ["a", "c"]]})
-    assert len(set(leakage.row_digests(words, np.arange(3), ["t"]))) == 2  # an array, a tuple and a list of strings alike
+    # an array, a tuple and a list of strings alike
+    assert len(set(leakage.row_digests(words, np.arange(3), ["t"]))) == 2
 
 
 def _project(root: Path, calibration: dict, calibrator: str = "minmax") -> Path:

@@ -94,9 +94,10 @@ def test_unknown_suffix_lists_supported_formats(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as info:
         load_table(path, recipe_file=RECIPE, field="data.path")
     assert str(info.value) == (
-        "recipe.yaml: data.path: unsupported data format '.txt' (rows.txt): expected .parquet, a folder of Parquet part "
-        "files, .feather, .arrow (an Arrow IPC file), .csv, .tsv, .jsonl, .ndjson (these four also as .gz, .bz2 or "
-        ".xz), .npz, .npy (a structured array), or a folder written by `datasets` save_to_disk"
+        "recipe.yaml: data.path: unsupported data format '.txt' "
+        "(rows.txt): expected .parquet, a folder of Parquet part files, .feather, .arrow (an Arrow IPC file), .csv, "
+        ".tsv, .jsonl, .ndjson (these four also as .gz, .bz2 or .xz), .npz, .npy (a structured array), or a folder "
+        "written by `datasets` save_to_disk"
     )
 
 
@@ -122,8 +123,10 @@ def test_an_npz_file_gives_a_column_per_array_and_a_row_per_entry_of_axis_0(tmp_
          r"cannot read rows\.npz: its arrays hold different numbers of rows \(x: 3, y: 2\); expected the same length"),
         (lambda p: np.savez(p, x=np.array([[1.0], [2.0, 3.0]], dtype=object)),
          r"cannot read rows\.npz: Object arrays cannot be loaded when allow_pickle=False"),
-        (lambda p: np.savez(p, x=np.float32(1)), r"array 'x' is a single value; expected one entry per row along axis 0"),
-        (lambda p: p.write_bytes(b"PK\x03\x04 truncated"), r"cannot read rows\.npz: it is not a readable \.npz archive"),
+        (lambda p: np.savez(p, x=np.float32(1)),
+         r"array 'x' is a single value; expected one entry per row along axis 0"),
+        (lambda p: p.write_bytes(b"PK\x03\x04 truncated"),
+         r"cannot read rows\.npz: it is not a readable \.npz archive"),
     ],
 )  # fmt: skip
 def test_an_npz_file_that_is_no_table_is_one_line(tmp_path: Path, write, error: str) -> None:
@@ -182,7 +185,8 @@ def test_plain_folder_is_not_a_dataset(tmp_path: Path) -> None:
     folder = tmp_path / "images"
     folder.mkdir()
     with pytest.raises(
-        RecipeError, match=r"data.path: images is a folder without .parquet files or state.json \(not Parquet parts nor a `datasets` save_to_disk folder\)"
+        RecipeError, match=r"data.path: images is a folder without .parquet "
+                           r"files or state.json \(not Parquet parts nor a `datasets` save_to_disk folder\)"
     ):
         load_table(folder, recipe_file=RECIPE)
 

@@ -75,9 +75,9 @@ def test_error_names_columns_counts_and_slices() -> None:
     with pytest.raises(RecipeError) as caught:
         check_finite(table, np.array([0, 1, 2, 3, 4]), masks, slices, what="evaluation", recipe_file=RECIPE)
     assert str(caught.value) == (
-        "recipe.yaml: data.inputs.pixels: evaluation rows of rows.parquet hold NaN, inf or an empty cell in input columns "
-        "(column 'pixels': 3 rows, at rows 1, 2, 4 (slices: region=n 2, region=s 1); "
-        "column 'scale': 1 row, at row 2 (slices: region=n 1)); "
+        "recipe.yaml: data.inputs.pixels: evaluation rows of "
+        "rows.parquet hold NaN, inf or an empty cell in input columns (column 'pixels': 3 rows, at rows 1, 2, 4 "
+        "(slices: region=n 2, region=s 1); column 'scale': 1 row, at row 2 (slices: region=n 1)); "
         "expected a finite number or a text in every cell, or set data.nonfinite_inputs: drop to leave those rows out "
         "(keep: to feed them, for a model that reads NaN as missing)"
     )

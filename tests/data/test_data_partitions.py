@@ -38,7 +38,8 @@ def _write_parts(folder: Path, frame: pd.DataFrame, keys: list[str]) -> None:
 def _same(folder_table: pd.DataFrame, expected: pd.DataFrame) -> None:
     assert list(folder_table.columns) == list(expected.columns)
     for column in expected.columns:
-        assert [np.asarray(v).tolist() for v in folder_table[column]] == [np.asarray(v).tolist() for v in expected[column]]
+        assert [np.asarray(v).tolist() for v in folder_table[column]] == [np.asarray(v).tolist()
+                                                                          for v in expected[column]]
 
 
 def test_a_hive_partitioned_folder_reads_the_rows_with_the_partition_column(tmp_path: Path) -> None:
@@ -76,7 +77,8 @@ def test_partition_values_are_read_as_csv_cells_are(tmp_path: Path) -> None:
     ("parts", "message"),
     [
         ({"a.parquet": {"x": [1]}, "b.parquet": {"x": [1.5]}},
-         r"part b.parquet holds columns x: double, part a.parquet x: int64; expected every part to hold the same columns"),
+         r"part b.parquet holds columns x: double, part a.parquet "
+         r"x: int64; expected every part to hold the same columns"),
         ({"a.parquet": {"x": [1]}, "b.parquet": {"x": [1], "z": [2]}},
          r"part b.parquet holds columns x: int64, z: int64"),
         ({"a=1/p.parquet": {"x": [1]}, "b=2/p.parquet": {"x": [1]}},

@@ -144,7 +144,8 @@ def test_text_column_with_too_many_values_suggests_a_list_not_a_comparison() -> 
         slice_masks(table, [SliceSpec(by="shop")], recipe_file=RECIPE)
     assert str(info.value) == (
         "recipe.yaml: data.slices[0].by: column 'shop' has 300 distinct values (at most 50 slices per column): "
-        "bucket it with named filters, e.g. {name: shop-group-1, filter: {shop: {in: [shop000, shop001, shop002, ...]}}}"
+        "bucket it with named filters, e.g. {name: shop-group-1, "
+        "filter: {shop: {in: [shop000, shop001, shop002, ...]}}}"
     )
 
 
@@ -249,7 +250,8 @@ def test_one_value_written_several_ways_is_refused_naming_the_spellings(values: 
     count = shown.count(",") + 1
     assert str(info.value).startswith(f"recipe.yaml: data.slices[0].by: column 'w' writes one value {count} ways "
                                       f"({shown}), each of which would be its own slice, judged apart; expected one "
-                                      "spelling per value: clean the column, or join them in a named slice such as {name: ")
+                                      "spelling per value: clean the column, or "
+                                      "join them in a named slice such as {name: ")
 
 
 def test_values_alike_only_as_numbers_or_outside_a_true_false_column_stay_apart() -> None:

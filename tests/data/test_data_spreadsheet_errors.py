@@ -1,4 +1,5 @@
-"""Spreadsheet error cells (#N/A, #DIV/0!, ...) in the columns a recipe reads: one error naming the file, row, column."""
+"""Spreadsheet error cells (#N/A, #DIV/0!, ...) in the columns a recipe reads: one error naming the file, row,
+column."""
 
 from __future__ import annotations
 

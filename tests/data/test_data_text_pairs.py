@@ -234,7 +234,8 @@ def test_prepare_feeds_the_pairs_to_evaluation_and_calibration(tmp_path: Path) -
     assert len(calibration_rows) == 5
     counts = token_counts(queries, spec, recipe_file=RECIPE, column="query", pairs=passages)
     assert {name: int(mask.sum()) for name, mask in prepared.slices.items()} == {
-        "query_tokens<=12": int((counts[evaluation] <= 12).sum()), "query_tokens>12": int((counts[evaluation] > 12).sum())
+        "query_tokens<=12": int((counts[evaluation] <= 12).sum()),
+        "query_tokens>12": int((counts[evaluation] > 12).sum())
     }
 
 

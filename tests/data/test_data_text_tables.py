@@ -183,7 +183,8 @@ def test_a_number_column_of_undeclared_decimal_commas_is_one_line(tmp_path: Path
     from qbench.preflight.prepare import prepare
 
     index = ("v", "y").index(column)  # that column's cells written '"0,5"', as a spreadsheet quotes them
-    lines = ["v,y"] + [",".join(f'"{str(c).replace(".", ",")}"' if i == index else str(c) for i, c in enumerate(row[:2]))
+    lines = ["v,y"] + [",".join(f'"{str(c).replace(".", ",")}"' if i == index else str(c)
+                                for i, c in enumerate(row[:2]))
                        for row in ROWS]  # fmt: skip
     recipe = _regression_project(tmp_path, {"rows.csv": "\n".join(lines) + "\n"}, None)
     with pytest.raises(RecipeError) as caught:
@@ -277,7 +278,8 @@ def test_grouped_cells_in_text_columns_name_what_parquet_names(tmp_path: Path) -
     (["1\u00a0234,5", "2"], "cells such as '1\\xa0234,5' group thousands with a no-break space (U+00A0), read as "
                             "numbers only where declared: data.csv: {decimal: ',', thousands: '\\xa0'}"),
     (["1,234", "2"], "cells such as '1,234' write numbers with a decimal comma or group thousands with ',', read as "
-                     "numbers only where declared: data.csv: {decimal: ','} or data.csv: {decimal: '.', thousands: ','}"),
+                     "numbers only where declared: data.csv: {decimal: "
+                     "','} or data.csv: {decimal: '.', thousands: ','}"),
 ], ids=["point", "no-break-space", "comma"])  # fmt: skip
 def test_a_number_column_of_undeclared_grouping_is_one_line(tmp_path: Path, cells: list[str], hint: str) -> None:
     from qbench.preflight.prepare import prepare

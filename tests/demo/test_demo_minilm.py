@@ -137,8 +137,8 @@ SUBSET_ROWS = 12
 
 @pytest.mark.slow
 def test_minilm_recipe_sweeps_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """recipes/minilm.yaml on SUBSET_ROWS rows, its search kept to ORT dynamic: export, tokenize, slice, search, measure,
-    gate."""
+    """recipes/minilm.yaml on SUBSET_ROWS rows, its search kept to ORT dynamic: export, tokenize, slice, search,
+    measure, gate."""
     from qbench.recipe.spec import load_recipe
     from qbench.sweep.runner import run_sweep
 

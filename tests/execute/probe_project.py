@@ -13,8 +13,8 @@ it on every call, and obeys two control files there:
     hang_once      the first call that sees it writes `worker.pid` and sleeps, so the test can kill that process
     hold_after     holds N: every call after the N-th waits while the file exists (a job held mid-measurement)
     fail_at        holds N and an errno name (ENOSPC), MemoryError, ValueError or OnnxRuntimeMemory (ONNX Runtime's
-                   own error for an allocation it could not make, raised by ONNX Runtime): the N-th call raises it, once;
-                   with a count K after it, the K calls from the N-th (a metric raising on every scope of one job)
+                   own error for an allocation it could not make, raised by ONNX Runtime): the N-th call raises it,
+                   once; with a count K after it, the K calls from the N-th (a metric raising on every scope of one job)
 
 It is a fixture builder, not a test module.
 """

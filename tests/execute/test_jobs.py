@@ -66,5 +66,6 @@ def test_an_identical_variant_records_the_size_and_digest_of_the_file_it_names(t
                    model_bytes=model_bytes(twin_file))  # fmt: skip
     result = identical(BuiltVariant("int8", "int8", own), twin)
     assert model_sha256(own) != twin.model_sha256
-    assert (result.model_path, result.model_sha256, result.model_bytes) == (str(own), model_sha256(own), model_bytes(own))
+    assert (result.model_path, result.model_sha256, result.model_bytes) == (str(own), model_sha256(own),
+                                                                            model_bytes(own))
     assert result.accuracy == twin.accuracy and result.latency == twin.latency

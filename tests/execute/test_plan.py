@@ -58,7 +58,8 @@ def test_the_build_key_holds_the_versions_of_the_packages_its_technique_builds_w
     assert _keys(recipe) == before  # nothing changed: the same keys
     for package, changes in [("onnxruntime", {"fp32", "fp16", "int8-minmax"}),
                              ("numpy", {"fp32", "fp16", "int8-minmax"}),
-                             ("ml_dtypes", {"fp32", "fp16"}), ("nvidia_modelopt", set()), ("torchao", set())]:  # fmt: skip
+                             ("ml_dtypes", {"fp32", "fp16"}), ("nvidia_modelopt", set()),
+                             ("torchao", set())]:  # fmt: skip
         with monkeypatch.context() as patch:
             _versions(patch, **{package: "0.0.1"})
             after = _keys(recipe)
@@ -110,7 +111,8 @@ def test_a_shared_store_keeps_a_build_per_quantizer_version_and_cpu_kind(
     assert reused() == {"fp32", "fp16"}
     run_sweep(path, track=False)
     int8 = {m["environment"]["x86_without_vnni"]: m["params"]["reduce_range"]
-            for m in manifests() if m["name"] == "int8-minmax" and m["environment"]["onnxruntime"] != "99.0"}  # fmt: skip
+            for m in manifests() if m["name"] == "int8-minmax"
+            and m["environment"]["onnxruntime"] != "99.0"}  # fmt: skip
     assert int8 == {"False": False, "True": True}  # reduce_range auto: 7 bits only for the CPU without VNNI
 
 

@@ -177,7 +177,8 @@ def test_a_job_past_executor_timeout_fails_its_worker_ends_and_resume_runs_it_ag
 
 
 def _settled_probe_count(folder: Path, quiet_s: float = 2.0, limit_s: float = 60.0) -> int:
-    """The probe-call count once no call has come for `quiet_s` (Ray ends the workers of an interrupted sweep asynchronously)."""
+    """The probe-call count once no call has come for `quiet_s` (Ray ends the workers of an interrupted sweep
+    asynchronously)."""
     deadline = time.monotonic() + limit_s
     count, since = len(probe_calls(folder)), time.monotonic()
     while time.monotonic() - since < quiet_s and time.monotonic() < deadline:

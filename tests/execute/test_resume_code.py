@@ -60,7 +60,8 @@ def test_a_measurement_made_before_a_helper_module_was_edited_is_measured_again_
     metric, helper = _with_helper_metric(recipe)
     assert main(["validate", str(recipe)]) == 0
     per_job = len(probe_calls(tmp_path))  # a dry run scores as one measure job does
-    # calls so far: validate's dry run; then the sweep's dry run, FP32's measurement and FP16's, which runs out of memory
+    # calls so far: validate's dry run; then the sweep's dry run, FP32's measurement and FP16's, which runs out of
+    # memory
     (tmp_path / "fail_at").write_text(f"{3 * per_job + 1} MemoryError")
     try:
         failed = run_sweep(recipe, track=False)

@@ -32,7 +32,8 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
     experiment showed them twice and their models were logged twice."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))  # the dry run and fp32 finished, fp16's measure job interrupted
+    # the dry run and fp32 finished, fp16's measure job interrupted
+    (tmp_path / "interrupt_at").write_text(str(2 * per_job + 1))
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe)
     (interrupted,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
@@ -54,7 +55,8 @@ def test_a_resumed_sweep_logs_into_the_interrupted_sweeps_run_each_variant_once(
         assert child.data.tags[MLFLOW_PARENT_RUN_ID] == parent.info.run_id
         assert child.info.status == "FINISHED", variant.key
         assert child.data.tags["qbench.gate"] in ("pass", "fail", "not gated"), variant.key  # not "not evaluated"
-        expected = {k: v for k, v in variant_metrics(outcome.results, variant).items() if v is not None and math.isfinite(v)}
+        expected = {k: v for k, v in variant_metrics(outcome.results, variant).items() if v is not None
+                    and math.isfinite(v)}
         assert set(child.data.metrics) == set(expected), (variant.key, set(child.data.metrics) ^ set(expected))
         assert child.data.metrics == pytest.approx(expected), variant.key
         assert len(client.get_metric_history(child.info.run_id, "model_mb")) == 1, variant.key  # logged once
@@ -73,7 +75,8 @@ def test_a_sweep_killed_outright_leaves_no_run_running_once_resumed(
     queries and `mlflow gc` still saw a run in progress)."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "hold_after").write_text(str(2 * per_job))  # the dry run and fp32 measured; fp16's measurement waits while this exists
+    # the dry run and fp32 measured; fp16's measurement waits while this exists
+    (tmp_path / "hold_after").write_text(str(2 * per_job))
     env = {**os.environ,
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     # the sweep's own process (qbench.cli.child), not the `qbench` command's supervising parent: killing that one ends

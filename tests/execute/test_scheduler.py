@@ -100,7 +100,8 @@ def test_resume_reuses_nothing_stale(user_project: Path, tmp_path: Path, local_f
         manifest.write_text(json.dumps(content))
     before = len(probe_calls(tmp_path))
     outcome = run_sweep(recipe, track=False, resume=True)
-    assert len(probe_calls(tmp_path)) - before == 3 * per_job  # the dry run; fp32 measured again: its build was not reused
+    # the dry run; fp32 measured again: its build was not reused
+    assert len(probe_calls(tmp_path)) - before == 3 * per_job
     assert all(not any(n.startswith("resumed") for n in v.notes) for v in outcome.results.variants)
 
 
@@ -119,7 +120,8 @@ def test_resume_builds_again_a_stored_build_whose_model_changed_since(
 ) -> None:
     expected, per_job = local_figures
     recipe, _ = _interrupted_at_fp16(user_project, tmp_path, per_job)
-    (fp16,) = [m.parent for m in (tmp_path / "store").glob("*/manifest.json") if json.loads(m.read_text())["name"] == "fp16"]
+    (fp16,) = [m.parent for m in (tmp_path / "store").glob("*/manifest.json")
+               if json.loads(m.read_text())["name"] == "fp16"]
     model = fp16 / "fp16.onnx"
     model.write_bytes(model.read_bytes()[:-100])  # truncated after it was published
     caplog.set_level(logging.INFO, logger="qbench")
@@ -214,7 +216,8 @@ def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
     and the resume does exactly that."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError" else ""))
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError"
+                                                                        else ""))
     # int8-minmax's first call, after fp16's failed job (the variant's own failure: the metric raised on every scope)
     (tmp_path / "interrupt_at").write_text(str(3 * per_job + 1 if failure == "ValueError" else 2 * per_job + 2))
     with pytest.raises(QbenchError, match="interrupted"):
@@ -229,7 +232,8 @@ def test_plan_says_per_job_what_resume_then_does_failed_jobs_included(
     assert plan["measure:fp32@onnxruntime-cpu"][0] == "reuse"
     assert all(plan[f"build:{v}"][0] == "reuse" for v in ["fp32", *VARIANTS])
     ran = {v.key for v in outcome.results.variants if not any(n.startswith("resumed") for n in v.notes)}
-    planned = {job.split(":")[1] for job, (action, _) in plan.items() if job.startswith("measure") and action != "reuse"}
+    planned = {job.split(":")[1] for job, (action, _) in plan.items() if job.startswith("measure")
+               and action != "reuse"}
     assert ran == planned
     assert len(probe_calls(tmp_path)) - before == per_job * (1 + len(planned))  # the dry run, then those
     assert (outcome.results.find("fp16", "onnxruntime-cpu").status == "failed") is own
@@ -261,7 +265,8 @@ def test_a_build_store_that_fills_up_mid_sweep_stops_it_with_one_line_keeping_wh
     monkeypatch.setattr(shutil, "copyfile", full_disk)
     assert main(["sweep", str(recipe), "--no-track"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("error") == 1 and err.splitlines()[-1] == (f"error: cannot write to the build store {store}: No space left on device; free space there or "
+    assert err.count("error") == 1 and err.splitlines()[-1] == (f"error: cannot write to the build store {store}: No "
+                                                                "space left on device; free space there or "
                    "set executor.store (or $QBENCH_CACHE_DIR) to a writable folder")  # fmt: skip
     (run,) = (tmp_path / "reports" / "tumour-mlp").glob("2*")
     assert "No space left on device" in json.loads((run / INCOMPLETE_MARKER).read_text())["state"]
@@ -345,7 +350,9 @@ def test_a_finished_run_with_a_job_failed_for_an_environment_reason_resumes_only
     """A finished run counted as complete, so --resume measured every job again (only builds were reused)."""
     expected, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError" else ""))  # fp16's measurement meets a full disk, once
+    # fp16's measurement meets a full disk, once
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} {failure}" + (f" {per_job}" if failure == "ValueError"
+                                                                        else ""))
     failed = run_sweep(recipe, track=False)
     fp16 = failed.results.find("fp16", "onnxruntime-cpu")
     assert fp16.status == "failed" and failed.results.complete
@@ -418,7 +425,8 @@ def test_resume_keeps_a_variants_own_failure_rather_than_measuring_it_again(
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError {per_job}")  # fp16 cannot be scored: its own failure
+    # fp16 cannot be scored: its own failure
+    (tmp_path / "fail_at").write_text(f"{2 * per_job + 1} ValueError {per_job}")
     (tmp_path / "interrupt_at").write_text(str(3 * per_job + 1))  # then int8-minmax's measurement is interrupted
     with pytest.raises(QbenchError, match="interrupted by SIGINT"):
         run_sweep(recipe, track=False)

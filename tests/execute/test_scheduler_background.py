@@ -34,7 +34,8 @@ class SlowToSettle:
         """Holds nothing."""
 
     def settle(self, *, keep_held: bool = False) -> None:
-        self.settled_after.append({json.loads(p.read_text())["job"] for p in self.reports.glob(f"*/{JOBS_FOLDER}/*.json")})
+        self.settled_after.append({json.loads(p.read_text())["job"]
+                                   for p in self.reports.glob(f"*/{JOBS_FOLDER}/*.json")})
 
 
 def started_order(jobs: Path) -> list[str]:

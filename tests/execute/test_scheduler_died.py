@@ -45,7 +45,8 @@ def test_a_crash_in_a_job_goes_on_with_the_other_jobs_and_fails_closed(
     the run itself: the job is recorded failed with its signal, every other one measured, and the gate fails closed."""
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))  # fp16's measure job's first call (after the dry run and fp32), once
+    # fp16's measure job's first call (after the dry run and fp32), once
+    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))
 
     swept = qbench("sweep", str(recipe), "--no-track", "--gate", cwd=tmp_path)
     assert swept.returncode == 2, swept.stderr
@@ -152,7 +153,8 @@ def test_with_stop_on_crash_a_crash_in_a_job_is_one_line_and_resume_records_that
 ) -> None:
     _, per_job = local_figures
     recipe = write_probe_recipe(user_project, tmp_path, variants=VARIANTS)
-    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))  # fp16's measure job's first call (after the dry run and fp32), once
+    # fp16's measure job's first call (after the dry run and fp32), once
+    (tmp_path / "segv_at").write_text(str(2 * per_job + 1))
 
     crashed = qbench("sweep", str(recipe), "--no-track", "--stop-on-crash", cwd=tmp_path)
     assert crashed.returncode == 2, crashed.stderr

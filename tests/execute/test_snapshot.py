@@ -72,7 +72,8 @@ def test_a_model_overwritten_during_the_sweep_is_neither_measured_nor_stored(tmp
     assert min(_figures(clean.results).values()) > 0.9
     assert _figures(swapped.results) == _figures(clean.results)  # the original model's figures, every one
     assert swapped.results.inputs == {
-        name: {**entry, "path": entry["path"].replace("clean", "swapped")} for name, entry in clean.results.inputs.items()
+        name: {**entry, "path": entry["path"].replace("clean", "swapped")}
+        for name, entry in clean.results.inputs.items()
     }
     store = recipe.parent / "store"
     assert _stored_builds(store) == _stored_builds(tmp_path / "clean" / "store")  # only builds of the original
@@ -145,7 +146,8 @@ def _metric_project(root: Path) -> Path:
     """The tiny linear project with a custom metric in `snapshot_top1_metric.py` beside the recipe."""
     recipe = _project(root)
     (root / "snapshot_top1_metric.py").write_text(
-        "import numpy as np\n\n\ndef top1(outputs, labels):\n    return float(np.mean(np.argmax(outputs, 1) == labels))\n"
+        "import numpy as np\n\n\ndef top1(outputs, labels):\n "
+        "   return float(np.mean(np.argmax(outputs, 1) == labels))\n"
     )
     spec = yaml.safe_load(recipe.read_text())
     spec["metrics"] = [{"name": "top1", "function": "snapshot_top1_metric:top1", "higher_is_better": True}]

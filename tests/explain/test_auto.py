@@ -35,7 +35,8 @@ def _result(name: str) -> VariantResult:
                          accuracy=AccuracyResult(rows=ROWS, nonfinite_outputs=0, overall=overall))  # fmt: skip
 
 
-def _explain_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, figures: dict[str, str]) -> tuple[VariantSpec, Score, str, list]:
+def _explain_auto(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                  figures: dict[str, str]) -> tuple[VariantSpec, Score, str, list]:
     """Run explain's calibrator choice on fake builds judged by the real gate; `figures`: calibrator -> FIGURES key."""
     discarded = []
     monkeypatch.setattr(explain, "build_variant", lambda spec, ctx: SimpleNamespace(calibrator=spec.calibrator,

@@ -41,7 +41,8 @@ def slice_breaking_model(path: Path, spread_outlier: float, rare_outlier: float)
         nodes += [helper.make_node("Mul", ["x", f"s_{name}"], [f"x_{name}"], name=f"scale_{name}"),
                   helper.make_node("MatMul", [f"x_{name}", f"w_{name}"], [f"h_{name}"], name=name)]  # fmt: skip
     weights["w_head"] = rng.normal(size=(WIDTH, 4)) / 2
-    indices = [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in (("start", 15), ("end", 16), ("axis", 1))]
+    indices = [numpy_helper.from_array(np.array([v], np.int64), k)
+               for k, v in (("start", 15), ("end", 16), ("axis", 1))]
     nodes += [helper.make_node("Slice", ["x", "start", "end", "axis"], ["flag"], name="rare_flag"),
               helper.make_node("Mul", ["h_rare_only", "flag"], ["h_masked"], name="mask"),
               helper.make_node("Add", ["h_spread", "h_masked"], ["h"], name="join"),

@@ -105,9 +105,10 @@ def test_explaining_a_variant_whose_only_layers_sit_in_an_if_branch_says_why_in_
               str(tmp_path / "model.onnx"))  # fmt: skip
     assert main(["explain", str(path), "--variant", "int8", "--no-track"]) == 2
     error = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert error == ["error: explain: variant 'int8' quantizes no node, so nothing to explain: nothing to quantize (no MatMul "
-                     "node in the standard ONNX domain; 2 MatMul only inside control-flow subgraphs (If/Loop/Scan), which "
-                     "quantization leaves float)"]  # fmt: skip
+    assert error == ["error: explain: variant 'int8' quantizes no node, so "
+                     "nothing to explain: nothing to quantize (no MatMul "
+                     "node in the standard ONNX domain; 2 MatMul only inside control-flow subgraphs (If/Loop/Scan), "
+                     "which quantization leaves float)"]  # fmt: skip
 
 
 def test_explaining_a_variant_calibrated_on_zeros_says_the_calibration_left_nothing_to_quantize(tmp_path, capsys):
@@ -130,7 +131,8 @@ def test_explaining_a_variant_calibrated_on_zeros_says_the_calibration_left_noth
 
 def test_an_empty_exclude_nodes_name_is_answered_with_the_names_given_to_unnamed_nodes(tmp_path):
     """Converters leave nodes unnamed; qbench names them <op type>_<position> on load, but `exclude_nodes: ['']` was
-    answered `no node named '' in the model`, false of a model holding two unnamed nodes, and silent on what to write."""
+    answered `no node named '' in the model`, false of a model holding two unnamed nodes, and silent on what to
+    write."""
     w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["r"], name="act"), helper.make_node("MatMul", ["r", "w"], ["m"]),

@@ -101,8 +101,9 @@ def _decoded(tensor: dict, dtype: np.dtype) -> np.ndarray:
                     "'qbench[triton]'); the other tests here check the data file without it")  # fmt: skip
 def test_every_perf_analyzer_command_sends_requests_the_model_accepts(exported) -> None:
     """The README's commands name the data file, and each batch perf_analyzer builds from it (consecutive steps,
-    typed as config.pbtxt says) runs in ONNX Runtime and holds the evaluation rows (all 64: in evaluation order): without the file,
-    perf_analyzer's random bytes make token ids far outside the 50-row table and every request fails."""
+    typed as config.pbtxt says) runs in ONNX Runtime and holds the evaluation rows (all 64: in evaluation order):
+    without the file, perf_analyzer's random bytes make token ids far outside the 50-row table and every request
+    fails."""
     model_dir, evaluation = exported
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     dtypes = {t.name: triton_to_np_dtype(model_config_pb2.DataType.Name(t.data_type).removeprefix("TYPE_"))

@@ -32,7 +32,8 @@ try:
 except ImportError:  # qbench's export needs no tritonclient; only these checks against Triton's schema do
     model_config_pb2 = None
 needs_schema = pytest.mark.skipif(
-    model_config_pb2 is None, reason="Triton's model-config schema comes with tritonclient (pip install 'qbench[triton]'); "
+    model_config_pb2 is None, reason="Triton's model-config schema comes with "
+                                     "tritonclient (pip install 'qbench[triton]'); "
     "test_triton_served.py checks the same configs without it",
 )  # fmt: skip
 
@@ -76,7 +77,8 @@ def tiny_project(root: Path, gate: dict) -> Path:
         "data": {"path": "data.parquet", "inputs": {"x": "features"}, "label": "y",
                  "calibration": {"filter": {"split": "calib"}, "samples": 64},
                  "evaluation": {"filter": {"split": "eval"}}, "slices": [{"by": "group"}]},
-        "variants": [{"name": "fp16", "precision": "fp16"}, {"name": "int8", "precision": "int8", "calibrator": "minmax"},
+        "variants": [{"name": "fp16", "precision": "fp16"},
+                     {"name": "int8", "precision": "int8", "calibrator": "minmax"},
                      {"name": "int8-dyn", "precision": "int8", "calibrator": "dynamic"}],
         "backends": [CPU],
         "latency": {"batch_sizes": BATCH_SIZES, "warmup": 1, "iterations": 7, "threads": 1},
@@ -152,10 +154,12 @@ def test_a_model_edited_since_the_sweep_is_refused_even_at_the_same_size(swept: 
     edited[-8] ^= 0xFF  # a weight byte: same size, another model
     try:
         path.write_bytes(bytes(edited))
-        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: gate status 'fail' \(the model file .* is not the "
+        with pytest.raises(QbenchError,
+                           match=r"fp16@onnxruntime-cpu: gate status 'fail' \(the model file .* is not the "
                            r"model measured"):  # the gate refuses results whose model changed
             export_triton(recipe, "fp16", CPU, tmp_path / "repo")
-        with pytest.raises(QbenchError, match=r"fp16@onnxruntime-cpu: model file .* is not the model the sweep measured"):
+        with pytest.raises(QbenchError,
+                           match=r"fp16@onnxruntime-cpu: model file .* is not the model the sweep measured"):
             export_triton(recipe, "fp16", CPU, tmp_path / "forced", force=True)  # --force overrides a verdict, not this
     finally:
         path.write_bytes(original)
@@ -339,7 +343,8 @@ def test_graph_level_and_unsupported_backend(tmp_path: Path, breached: Path) -> 
 
 @needs_schema
 def test_pbtxt_quotes_strings_and_writes_enums_bare() -> None:
-    text = to_pbtxt({"name": 'a"b\\c', "max_batch_size": 2, "input": [{"data_type": EnumValue("TYPE_BF16"), "dims": [-1]}]})
+    text = to_pbtxt({"name": 'a"b\\c', "max_batch_size": 2,
+                     "input": [{"data_type": EnumValue("TYPE_BF16"), "dims": [-1]}]})
     config = text_format.Parse(text, model_config_pb2.ModelConfig())
     assert config.name == 'a"b\\c' and config.input[0].data_type == model_config_pb2.TYPE_BF16
     assert list(config.input[0].dims) == [-1]
@@ -400,7 +405,8 @@ def test_a_zipmap_output_is_refused_naming_it(tmp_path: Path) -> None:
     )
     zipmap = helper.make_node("ZipMap", ["x"], ["p"], domain="ai.onnx.ml", classlabels_int64s=[0, 1, 2])
     model = _classifier_with(tmp_path, helper.make_value_info("p", map_type), zipmap)
-    with pytest.raises(QbenchError, match=r"tensor 'p' is a seq\(map\(int64,tensor\(float32\)\)\), not a tensor.*zipmap"):
+    with pytest.raises(QbenchError,
+                       match=r"tensor 'p' is a seq\(map\(int64,tensor\(float32\)\)\), not a tensor.*zipmap"):
         triton_config("m", make_variant("v", "int8"), read_model_info(model), TARGETS[CPU], max_queue_delay_us=0)
 
 

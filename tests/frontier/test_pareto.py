@@ -215,9 +215,11 @@ def test_a_variant_slower_than_fp32_at_every_batch_size_beyond_the_noise_is_name
                         make_variant("a", "int8", p50_by_batch={1: 1.5, 32: 18.0}),  # faster at 32
                         make_variant("b", "int8", p50_by_batch={1: 1.04, 32: 20.9}),  # within 5 %
                         make_variant("c", "int8", p50_by_batch={1: 1.2, 32: 24.0})])  # fmt: skip
-    assert [slower_than_reference(mixed, v) for v in mixed.variants[1:]] == [None, None, "0.83× at batch 1, 0.83× at batch 32"]
+    assert [slower_than_reference(mixed, v) for v in mixed.variants[1:]] == [None, None,
+                                                                             "0.83× at batch 1, 0.83× at batch 32"]
     noisy = dataclasses.replace(mixed.variants[3], latency=dataclasses.replace(
-        mixed.variants[3].latency, points=tuple(dataclasses.replace(p, spread=0.3) for p in mixed.variants[3].latency.points)))
+        mixed.variants[3].latency, points=tuple(dataclasses.replace(p, spread=0.3)
+                                                for p in mixed.variants[3].latency.points)))
     assert slower_than_reference(mixed, noisy) is None  # its windows spread 30 %: 0.83x is within its noise
     (note,) = slower_than_reference_notes(mixed)
     assert note == ("c@onnxruntime-cpu runs slower than fp32 at every batch size timed (0.83× at batch 1, 0.83× at "

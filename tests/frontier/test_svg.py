@@ -47,7 +47,8 @@ def test_better_is_drawn_higher_for_either_direction_of_metric() -> None:
     assert circle_y(accuracy, "fp32") < circle_y(accuracy, "int8")  # SVG y grows downwards: fp32 is more accurate
     kl = panel_svg(make_sweep([with_kl(fp32, 0.0), with_kl(int8, 0.3)], gate_metric="kl_mean"), 1, None)
     assert circle_y(kl, "fp32") < circle_y(kl, "int8")  # lower kl is better, so still drawn higher
-    assert "no variant has a latency and a finite kl_mean" in panel_svg(make_sweep([fp32], gate_metric="kl_mean"), 1, None)
+    assert "no variant has a latency and a finite kl_mean" in panel_svg(make_sweep([fp32], gate_metric="kl_mean"),
+                                                                        1, None)
 
 
 def test_wide_latency_span_uses_a_log_axis() -> None:

@@ -433,8 +433,8 @@ def test_a_nan_metric_explained_by_nonfinite_outputs_is_a_breach_not_unusable():
 
 UNJUDGED = ("int8-a@onnxruntime-cpu: not judged on noisy (accuracy is undefined on this scope for FP32 too): no gated "
             "metric can show a drop there, so its pass says nothing of those rows; gate also on a metric that can "
-            "(gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: note to let the pass "
-            "count with this note")  # fmt: skip
+            "(gate.metrics), leave those rows out (data.evaluation.filter), "
+            "or set gate.unresolved: note to let the pass count with this note")  # fmt: skip
 
 
 def test_a_metric_the_data_leaves_undefined_for_fp32_too_is_not_judged_on_that_slice():

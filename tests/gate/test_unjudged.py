@@ -39,7 +39,8 @@ F1 = {"metric": "micro_f1", "max_drop": 0.01, "max_slice_drop": 0.02}
 
 def _gate(spec: GateSpec, *variants: VariantResult) -> GateReport:
     results = SweepResults(qbench_version="0", created_at="", recipe={}, environment={}, calibration=None,
-                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=ROWS, gate_metric=spec.metric, reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(results, spec, expected=[(v.variant, v.backend) for v in variants])
 
 
@@ -54,14 +55,15 @@ def test_f1_at_zero_for_fp32_on_rows_without_a_positive_cannot_pass_the_variant_
     alone = _gate(GateSpec(**F1), fp32, int8)
     assert alone.exit_code == EXIT_UNUSABLE
     assert alone.problems == ("int8@onnxruntime-cpu: not judged on clean (FP32's micro_f1 is 0 here, its worst: no "
-                              "drop can show): no gated metric can show a drop there, so its pass says nothing of those "
-                              "rows; gate also on a metric that can (gate.metrics), leave those rows out "
-                              "(data.evaluation.filter), or set gate.unresolved: note to let the pass count with this "
-                              "note",)  # fmt: skip
+                              "drop can show): no gated metric can show a "
+                              "drop there, so its pass says nothing of those rows; gate also on a metric that can "
+                              "(gate.metrics), leave those rows out (data.evaluation.filter), or set gate.unresolved: "
+                              "note to let the pass count with this note",)  # fmt: skip
     noted = _gate(GateSpec(**F1, unresolved="note"), fp32, int8)
     assert noted.exit_code == EXIT_PASS
     check = next(c for c in noted.checks if c.scope == "clean")
-    assert (check.status, check.reason) == ("skipped", "not judged: FP32's micro_f1 is 0 here, its worst: no drop can show")
+    assert (check.status, check.reason) == ("skipped",
+                                            "not judged: FP32's micro_f1 is 0 here, its worst: no drop can show")
     both = _gate(GateSpec(metrics=[F1, {"metric": "label_agreement", "max_drop": 0.001, "max_slice_drop": 0.002}]),
                  fp32, int8)  # fmt: skip
     assert both.exit_code == EXIT_BREACH and not both.problems

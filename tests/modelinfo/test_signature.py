@@ -179,7 +179,8 @@ def test_the_graph_says_whether_its_scores_are_probabilities_or_logits(tmp_path:
     """A one-column binary score was read as a probability whenever FP32's values fell within [0, 1], so logits of
     0.38..0.74 were thresholded at 0.5 (accuracy 0.90 instead of the model's 0.67)."""
     weight = onnx.numpy_helper.from_array(np.ones((4, 1), np.float32), "w")
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1]) for n in ("logit", "probability", "other")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, 1])
+               for n in ("logit", "probability", "other")]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["raw"]), helper.make_node("Flatten", ["raw"], ["logit"]),
              helper.make_node("Sigmoid", ["raw"], ["p"]), helper.make_node("Identity", ["p"], ["probability"]),
              helper.make_node("Abs", ["raw"], ["other"])]  # fmt: skip
@@ -325,7 +326,8 @@ def test_a_clip_and_onnx_ml_classifiers_say_whether_scores_are_probabilities(tmp
     x = x.astype(np.float32)
     found = {}
     for estimator, zipmap in ((LogisticRegression(max_iter=500), True), (LogisticRegression(max_iter=500), False),
-                              (RandomForestClassifier(n_estimators=3, random_state=0), True), (LinearSVC(), None)):  # fmt: skip
+                              (RandomForestClassifier(n_estimators=3, random_state=0), True),
+                              (LinearSVC(), None)):  # fmt: skip
         options = {} if zipmap is None else {"zipmap": zipmap}
         onx = skl2onnx.to_onnx(estimator.fit(x, y), x[:1], options=options, target_opset={"": 17, "ai.onnx.ml": 3})
         path = tmp_path / f"{type(estimator).__name__}{zipmap}.onnx"
@@ -347,7 +349,8 @@ def test_an_input_with_no_row_axis_is_shared_by_the_batch() -> None:
     call; a leading 1 (a batch of one row), a dynamic axis, or a model whose inputs all fix axis 0 keep a row axis."""
 
     def inputs(**shapes: tuple[int | None, ...]) -> dict[str, TensorMeta]:
-        return {name: TensorMeta(name, np.dtype(np.float32), shape, scalar=shape == ()) for name, shape in shapes.items()}
+        return {name: TensorMeta(name, np.dtype(np.float32), shape, scalar=shape == ())
+                for name, shape in shapes.items()}
 
     beside_batch = inputs(x=(None, 6), t=(), scale=(4,), proj=(6, 3), one=(1,), h0=(1, None, 8), state=(2, None))
     shared = [name for name, meta in beside_batch.items() if shared_by_batch(meta, beside_batch)]

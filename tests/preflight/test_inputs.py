@@ -1,6 +1,7 @@
 """Model inputs a column cannot feed, as `qbench validate` meets them: a scalar (rank-0) input or a fixed-length vector
-beside a dynamic batch, one value per call, an input with a default (an initializer of the same name), which qbench holds constant, and an input that is no tensor (a map); each is one line naming
-the input and what to do, and the default route passes."""
+beside a dynamic batch, one value per call, an input with a default (an initializer of the same name), which qbench
+holds constant, and an input that is no tensor (a map); each is one line naming the input and what to do, and the
+default route passes."""
 
 from __future__ import annotations
 
@@ -125,4 +126,5 @@ def test_a_map_input_is_refused_as_no_tensor_before_the_model_is_run(
     assert errors == [f"error: {tmp_path / 'recipe.yaml'}: data.inputs.t: model input 't' takes a "
                       "map(string,tensor(float32)), not a tensor, where qbench feeds a column as a tensor, one value "
                       "per row along axis 0; expected a model whose inputs are tensors (convert or export it from the "
-                      "step that turns each row's values into a tensor on, fed from list or number columns)"]  # fmt: skip
+                      "step that turns each row's values into a "
+                      "tensor on, fed from list or number columns)"]  # fmt: skip

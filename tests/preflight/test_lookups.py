@@ -145,7 +145,8 @@ def _control_flow_classifier(form: str) -> onnx.ModelProto:
              helper.make_node("Add", ["total_in", "row"], ["total_out"])], "step",
             [value("total_in", TensorProto.FLOAT, ["batch", 4]), value("token", TensorProto.INT64, ["batch"])],
             [value("total_out", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
-        nodes = [helper.make_node("Gather", ["table", "first"], ["start"]),  # a zero row per batch row: table[ids[:, 0]] * 0
+        # a zero row per batch row: table[ids[:, 0]] * 0
+        nodes = [helper.make_node("Gather", ["table", "first"], ["start"]),
                  helper.make_node("Mul", ["start", "zero"], ["total0"]),
                  helper.make_node("Scan", ["total0", "ids"], ["pooled"], body=body, num_scan_inputs=1,
                                   scan_input_axes=[1])]  # fmt: skip
@@ -162,7 +163,8 @@ def _control_flow_classifier(form: str) -> onnx.ModelProto:
                                       helper.make_node("Identity", ["ids_in"], ["ids_out"])], "body",
                                      [value("i", TensorProto.INT64, []), value("cond_in", TensorProto.BOOL, []),
                                       value("ids_in", TensorProto.INT64, ["batch", 3])],
-                                     [value("cond_out", TensorProto.BOOL, []), value("ids_out", TensorProto.INT64, None),
+                                     [value("cond_out", TensorProto.BOOL, []),
+                                      value("ids_out", TensorProto.INT64, None),
                                       value("mean", TensorProto.FLOAT, None)])  # fmt: skip
             nodes = [helper.make_node("Loop", ["once", "", "ids"], ["ids_last", "means"], body=body),
                      helper.make_node("ReduceMean", ["means"], ["pooled"], axes=[0], keepdims=0)]  # fmt: skip
@@ -207,14 +209,17 @@ def _fused_embedding_classifier() -> onnx.ModelProto:
     com.microsoft EmbedLayerNormalization (word table [10, 4], positions [3, 4], segments [2, 4]) -> mean -> logits."""
     rng = np.random.default_rng(0)
     arrays = {"word": (VOCABULARY, 4), "position": (3, 4), "segment": (2, 4), "w": (4, 2)}
-    constants = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name) for name, shape in arrays.items()]
+    constants = [numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+                 for name, shape in arrays.items()]
     constants += [numpy_helper.from_array(np.ones(4, np.float32), "gamma"),
                   numpy_helper.from_array(np.zeros(4, np.float32), "beta")]  # fmt: skip
     nodes = [
         helper.make_node("Cast", ["ids"], ["ids32"], to=TensorProto.INT32),
         helper.make_node("Cast", ["segments"], ["segments32"], to=TensorProto.INT32),
-        helper.make_node("EmbedLayerNormalization", ["ids32", "segments32", "word", "position", "segment", "gamma", "beta"],
-                         ["vectors", "mask_index"], name="fused_embedding", domain="com.microsoft", epsilon=1e-5),  # fmt: skip
+        helper.make_node("EmbedLayerNormalization",
+                         ["ids32", "segments32", "word", "position", "segment", "gamma", "beta"],
+                         ["vectors", "mask_index"], name="fused_embedding", domain="com.microsoft",
+                         epsilon=1e-5),  # fmt: skip
         helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
         helper.make_node("MatMul", ["pooled", "w"], ["logits"]),
     ]
@@ -226,7 +231,8 @@ def _fused_embedding_classifier() -> onnx.ModelProto:
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 2])],
         constants,
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph,
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
 

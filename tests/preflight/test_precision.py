@@ -178,10 +178,12 @@ def test_a_half_precision_model_of_many_kinds_counts_the_nodes_left_unnamed() ->
                numpy_helper.from_array(np.eye(3, dtype=np.float16), "square"),
                numpy_helper.from_array(np.ones(3, np.float16), "b")]  # fmt: skip
     graph = helper.make_graph(nodes, "kinds", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 3])], weights)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 3])],
+                              weights)  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     assert reduced_precision(model) == ("the model already computes in float16: 2 MatMul, 1 Add, 1 Div, "
-                                        "1 Max, 1 Min nodes and 2 more of 2 other kinds; its graph inputs/outputs x, y are float16")  # fmt: skip
+                                        "1 Max, 1 Min nodes and 2 more of 2 other "
+                                        "kinds; its graph inputs/outputs x, y are float16")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -302,10 +304,12 @@ def _rounded_activation(elem: int) -> onnx.ModelProto:
     """An FP32 linear model that rounds its input to `elem` and widens it back before computing in float."""
     nodes = [helper.make_node("Cast", ["x"], ["x_narrow"], to=elem),
              helper.make_node("Cast", ["x_narrow"], ["x_rounded"], to=TensorProto.FLOAT),
-             helper.make_node("MatMul", ["x_rounded", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["logits"])]  # fmt: skip
+             helper.make_node("MatMul", ["x_rounded", "w"], ["xw"]),
+             helper.make_node("Add", ["xw", "b"], ["logits"])]  # fmt: skip
     rng = np.random.default_rng(0)
     return _linear(nodes=nodes, weights=[numpy_helper.from_array(rng.normal(size=(4, 3)).astype(np.float32), "w"),
-                                         numpy_helper.from_array(rng.normal(size=3).astype(np.float32), "b")])  # fmt: skip
+                                         numpy_helper.from_array(rng.normal(size=3).astype(np.float32),
+                                                                 "b")])  # fmt: skip
 
 
 @pytest.mark.parametrize(("elem", "name"), [(TensorProto.FLOAT16, "float16"), (TensorProto.BFLOAT16, "bfloat16")])
@@ -334,7 +338,8 @@ def test_a_sweep_from_a_reference_rounding_activations_says_so_in_results_and_ga
     rng = np.random.default_rng(3)
     pd.DataFrame({"x": list(rng.normal(size=(ROWS, 4)).astype(np.float32))}).to_parquet(tmp_path / "rows.parquet")
     recipe = {"name": "rounded", "task": "embedding", "model": {"path": "model.onnx"},
-              "data": {"path": "rows.parquet", "inputs": {"x": "x"}}, "variants": [{"name": "fp16", "precision": "fp16"}],
+              "data": {"path": "rows.parquet", "inputs": {"x": "x"}},
+              "variants": [{"name": "fp16", "precision": "fp16"}],
               "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3}, "gate": {"metric": "cosine"}}  # fmt: skip
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     assert main(["sweep", "--no-track", str(tmp_path / "recipe.yaml")]) == 0

@@ -109,7 +109,8 @@ def test_one_glob_matching_no_variant_is_a_recipe_error_naming_it(tmp_path: Path
         check_plan(_recipe(tmp_path, variants=variants, gate={"applies_to": []}))
 
 
-def test_a_search_variant_the_gate_does_not_judge_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_search_variant_the_gate_does_not_judge_is_warned_about(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
     recipe = _recipe(tmp_path, gate={"applies_to": ["half"]}, search={"name": "int8-auto"})
     check_plan(recipe)
     assert [r.getMessage() for r in caplog.records] == [
@@ -243,7 +244,8 @@ def test_the_default_build_store_is_checked_and_named(tmp_path: Path, monkeypatc
     (tmp_path / "cache").write_text("a file where qbench's cache should be")
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(RecipeError,
-                       match=r"executor\.store: .*cache \(in the path of .*builds\) is a file; expected a writable folder for "
+                       match=r"executor\.store: .*cache \(in the path of "
+                             r".*builds\) is a file; expected a writable folder for "
                        r"built variants \(the default, in qbench's cache: set executor\.store or \$QBENCH_CACHE_DIR\)"):
         check_destinations(_recipe(tmp_path), track=False)
     check_destinations(_recipe(tmp_path, executor={"store": "s3://bucket/builds"}), track=False)  # checked when used
@@ -271,7 +273,8 @@ def test_exclude_nodes_are_checked_against_the_model_naming_the_entry(tmp_path: 
              helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch, name="if")]  # fmt: skip
     io = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2]),
           helper.make_tensor_value_info("c", TensorProto.BOOL, []),
-          helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 2]), helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
+          helper.make_tensor_value_info("h", TensorProto.FLOAT, [1, 2]),
+          helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])]  # fmt: skip
     weight = helper.make_tensor("w", TensorProto.FLOAT, [2, 2], [1.0, 2.0, 3.0, 4.0])
     int8 = {"name": "q", "precision": "int8", "calibrator": "dynamic"}
 
@@ -361,7 +364,8 @@ def test_an_input_whose_shape_alone_the_outputs_read_is_warned_about(tmp_path: P
 def test_an_id_whose_shape_alone_the_outputs_read_tells_no_inputs_apart(tmp_path: Path) -> None:
     """600 rows of 100 feature rows, each with its own id fed to an input the graph reads only the batch size of
     (Shape -> Reshape of x): the ids were digested as they are, 600 inputs, and the gate judged agreement on evidence
-    six times what it held. A shape read tells a cell only by its shape: 100 inputs; cells of other lengths stay apart."""
+    six times what it held. A shape read tells a cell only by its shape: 100 inputs; cells of other lengths stay
+    apart."""
     import pandas as pd
     from onnx import TensorProto, helper, numpy_helper, save
 
@@ -403,7 +407,8 @@ def _gnn(path: Path) -> None:
          helper.make_tensor_value_info("edge_index", TensorProto.INT64, [2, "num_edges"])],
         [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 2])],
         [numpy_helper.from_array(np.arange(6, dtype=np.float32).reshape(3, 2) / 6, "w"),
-         numpy_helper.from_array(np.array(0, np.int64), "zero"), numpy_helper.from_array(np.array([0], np.int64), "axes")],
+         numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array([0], np.int64), "axes")],
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
@@ -432,4 +437,5 @@ def test_validate_refuses_a_gnn_fed_a_graph_per_row_in_one_line(
     assert main(["validate", "--no-track", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: the model's inputs share no batch axis: "
-                           "x ['num_nodes', 3] leaves axis 0 dynamic, edge_index [2, 'num_edges'] fixes it; ")  # fmt: skip
+                           "x ['num_nodes', 3] leaves axis 0 dynamic, "
+                           "edge_index [2, 'num_edges'] fixes it; ")  # fmt: skip

@@ -28,7 +28,8 @@ def _model(*, ir: int = 8, opset: int = 17, custom_op: bool = False) -> onnx.Mod
         nodes.append(helper.make_node("Frobnicate", ["h"], ["logits"], domain="com.example"))
         opsets.append(helper.make_opsetid("com.example", 1))
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [w])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [w])  # fmt: skip
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = ir
     return model
@@ -149,7 +150,8 @@ def test_nodes_sharing_a_name_are_named_as_the_cause_not_a_version_problem(tmp_p
     model = _model()
     nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="dense"),
              helper.make_node("Relu", ["h"], ["r"], name=""),
-             helper.make_node("Abs", ["r"], ["a"], name=""), helper.make_node("MatMul", ["a", "w2"], ["logits"], name="dense")]
+             helper.make_node("Abs", ["r"], ["a"], name=""),
+             helper.make_node("MatMul", ["a", "w2"], ["logits"], name="dense")]
     model.graph.initializer.append(numpy_helper.from_array(np.eye(3, dtype=np.float32), "w2"))
     if where == "graph":
         model.graph.ClearField("node")
@@ -168,8 +170,9 @@ def test_nodes_sharing_a_name_are_named_as_the_cause_not_a_version_problem(tmp_p
     assert main(["validate", str(recipe)]) == 2
     line = _error_line(capsys.readouterr().err)
     assert "cannot load it: " in line and "two nodes with same node name (dense)" in line, line
-    assert line.endswith("versions it knows, but 2 nodes of one graph share the name 'dense'; expected each node's name "
-                         "unique in its graph (or empty): re-export the model or rename those nodes"), line
+    assert line.endswith("versions it knows, but 2 nodes of one graph "
+                         "share the name 'dense'; expected each node's name unique in its graph (or empty): re-export "
+                         "the model or rename those nodes"), line
     _nothing_built(tmp_path)
 
 

@@ -182,7 +182,8 @@ def _symbolic_width_project(tmp_path: Path, task: str, metric: str, labels: list
     weight = numpy_helper.from_array(np.random.default_rng(0).normal(size=(4, 3)).astype(np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["scores"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", "classes"])], [weight])  # fmt: skip
+                              [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["n", "classes"])],
+                              [weight])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
               str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(1).normal(size=(len(labels), 4)).astype(np.float32)

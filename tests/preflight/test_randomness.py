@@ -86,7 +86,8 @@ def test_a_draw_inside_a_branch_is_refused_and_one_no_evaluated_output_reads_is_
     reads (not evaluated) changes no figure, and a Dropout whose training_mode is a constant false never draws."""
     then = helper.make_graph([helper.make_node("Bernoulli", ["probs"], ["mask"], dtype=TensorProto.FLOAT),
                               helper.make_node("Mul", ["scores", "mask"], ["kept"])], "then", [],
-                             [helper.make_tensor_value_info("kept", TensorProto.FLOAT, ["batch", CLASSES])])  # fmt: skip
+                             [helper.make_tensor_value_info("kept", TensorProto.FLOAT,
+                                                            ["batch", CLASSES])])  # fmt: skip
     other = helper.make_graph([helper.make_node("Identity", ["scores"], ["same"])], "else", [],
                               [helper.make_tensor_value_info("same", TensorProto.FLOAT, ["batch", CLASSES])])
     branched = _save(tmp_path / "branch.onnx", [
@@ -161,7 +162,8 @@ def test_the_rows_run_twice_must_repeat_within_the_kernels_own_differences(
     _check(tmp_path, scores, {"x": _clear_rows(8)})  # a last-bits difference, as threaded kernels may give
     monkeypatch.setattr(rows, "_session", lambda path: _Drifting(opened(path), 0.5))
     with pytest.raises(RecipeError, match=r"row \d's output 'y' changed by 0.5 \(its values reach .*\) "
-                                          r"when the same rows were fed again; expected a deterministic model$"):  # fmt: skip
+                                          r"when the same rows were fed again; "
+                                          r"expected a deterministic model$"):  # fmt: skip
         _check(tmp_path, scores, {"x": _clear_rows(8)})
     classes = _save(tmp_path / "classes.onnx", [helper.make_node("MatMul", ["x", "w"], ["scores"]),
                                                 helper.make_node("ArgMax", ["scores"], ["y"], axis=1, keepdims=0)],
@@ -182,4 +184,5 @@ def test_validate_refuses_a_sampling_reference_in_one_line(tmp_path: Path, capsy
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: model input x ['batch', 3]: output 'y' is "
-                           "computed through nodes that draw random numbers on every run: RandomUniformLike 'draw'")  # fmt: skip
+                           "computed through nodes that draw random "
+                           "numbers on every run: RandomUniformLike 'draw'")  # fmt: skip

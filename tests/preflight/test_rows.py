@@ -65,7 +65,8 @@ def _masked_mean(path: Path) -> Path:
             numpy_helper.from_array(np.array([1], np.int64), "tokens")]  # fmt: skip
     return _save(path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "tokens", FEATURES]),
                                helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["batch", "tokens"])],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])], [WEIGHT, *axes])  # fmt: skip
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", CLASSES])],
+                 [WEIGHT, *axes])  # fmt: skip
 
 
 def _linear(path: Path, batch: int | str) -> Path:
@@ -200,7 +201,8 @@ def test_rows_independent_with_padding_masks_or_a_fixed_batch_pass(tmp_path: Pat
     _check(tmp_path, _linear(tmp_path / "dynamic.onnx", "batch"), {"x": rows})
 
 
-def test_validate_refuses_a_sequence_first_model_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_validate_refuses_a_sequence_first_model_in_one_line(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     _sequence_first(tmp_path / "model.onnx")
     sequences = RNG.normal(size=(40, STEPS * FEATURES)).astype(np.float32)
     pd.DataFrame({"x": list(sequences)}).to_parquet(tmp_path / "rows.parquet")
@@ -238,9 +240,9 @@ def test_validate_refuses_an_output_with_the_batch_on_axis_1_even_where_batches_
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert line == (f"error: {tmp_path / 'recipe.yaml'}: model.path: model input x ['batch', 3]: output 'y' had shape "
-                    "[2, 8] for 8 rows fed; expected 8 on its axis 0, one output row per input row: qbench reads axis 0 "
-                    "of every output as the batch, so make the model return it batch-first; axis 1 of 'y' has 8 "
-                    "entries, as many as the rows fed")  # fmt: skip
+                    "[2, 8] for 8 rows fed; expected 8 on its axis 0, "
+                    "one output row per input row: qbench reads axis 0 of every output as the batch, so make the model "
+                    "return it batch-first; axis 1 of 'y' has 8 entries, as many as the rows fed")  # fmt: skip
     save("batch")
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
@@ -309,7 +311,8 @@ def test_a_batch_by_batch_output_is_refused_as_pairing_rows_not_as_sequence_firs
 def test_validate_refuses_an_output_whose_later_axis_is_the_batch_symbol_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """['batch', 'batch'] in the graph: refused when the output is chosen, in one line naming it, before anything runs."""
+    """['batch', 'batch'] in the graph: refused when the output is chosen, in one line naming it, before anything
+    runs."""
     _similarity(tmp_path / "model.onnx", "batch", "batch")
     rows = RNG.normal(size=(40, FEATURES)).astype(np.float32)
     pd.DataFrame({"x": list(rows)}).to_parquet(tmp_path / "rows.parquet")
@@ -320,8 +323,8 @@ def test_validate_refuses_an_output_whose_later_axis_is_the_batch_symbol_too(
     assert main(["validate", str(tmp_path / "recipe.yaml"), "--no-track"]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.output: no output task 'embedding' can "
-                           "evaluate: output 'y' of shape ['batch', 'batch'] has the rows on axis 1 too ('batch'): its values pair each row with every row of the "
-                           "batch")  # fmt: skip
+                           "evaluate: output 'y' of shape ['batch', 'batch'] has the rows on axis 1 too ('batch'): its "
+                           "values pair each row with every row of the batch")  # fmt: skip
 
 
 @pytest.mark.parametrize("class_ids", [False, True])

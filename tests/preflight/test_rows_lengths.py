@@ -29,7 +29,8 @@ ROWS_FED = RNG.normal(size=(ROWS, BOXES, FEATURES)).astype(np.float32)
 REMEDY = ("qbench compares outputs row by row and value by value, so an output whose length depends on the data "
           "(detections kept by NonMaxSuppression, NonZero, Compress, a TopK whose K is computed) cannot be judged: "
           "evaluate the tensors before that step (the raw boxes and scores: save the model with them among its outputs "
-          "and name them in model.outputs), or export a fixed number per row (the top K, padded, with a count output)")  # fmt: skip
+          "and name them in model.outputs), or export a fixed "
+          "number per row (the top K, padded, with a count output)")  # fmt: skip
 
 
 def _constants(**values: list) -> list:
@@ -101,7 +102,8 @@ def _project(root: Path, model: onnx.ModelProto) -> Path:
     root.mkdir()
     onnx.save(model, str(root / "m.onnx"))
     pd.DataFrame({"x": [row.ravel() for row in ROWS_FED]}).to_parquet(root / "rows.parquet")
-    (root / "metrics.py").write_text("import numpy as np\n\ndef mean(outputs, labels):\n    return float(np.mean(outputs))\n")
+    (root / "metrics.py").write_text("import numpy as np\n\ndef mean(outputs, labels):\n    return "
+                                     "float(np.mean(outputs))\n")
     recipe = {"name": "top", "task": "structured", "model": {"path": "m.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x"}, "calibration": {"samples": 8}},
               "metrics": [{"name": "mean", "function": "metrics:mean", "higher_is_better": True}],
@@ -120,8 +122,8 @@ def test_a_per_row_length_computed_from_the_scores_is_refused_not_zero_filled(tm
     recipe = _project(tmp_path / "computed", _top("computed"))
     assert main(["validate", str(recipe)]) == 2
     error = capsys.readouterr().err
-    assert ("output 'indices' is computed through TopK node making 'values' (its count, 'computed', is computed), whose output "
-            "length is neither a constant nor a length of the inputs") in error and error.rstrip().endswith(REMEDY)
+    assert ("output 'indices' is computed through TopK node making "
+            "'values' (its count, 'computed', is computed), whose output length is neither a constant nor a length of the inputs") in error and error.rstrip().endswith(REMEDY)
     assert main(["validate", str(_project(tmp_path / "constant", _top("constant")))]) == 0
 
 
@@ -164,8 +166,10 @@ def test_a_top_k_whose_k_the_dry_run_rows_do_not_expose_is_refused_from_the_grap
     message = str(caught.value)
     assert "\n" not in message
     assert message.endswith("model.path: model input x ['batch', 20]: output 'top' is computed through TopK 'keep_top' "
-                            "(its count, 'k', is computed), whose output length is neither a constant nor a length of the "
-                            "inputs (the batch, a padded sequence), so it may change from row to row or batch to batch "
+                            "(its count, 'k', is computed), whose output "
+                            "length is neither a constant nor a length of "
+                            "the inputs (the batch, a padded sequence), so "
+                            "it may change from row to row or batch to batch "
                             f"however the dry run's rows came out: {REMEDY}")  # fmt: skip
 
 
@@ -206,7 +210,8 @@ def test_an_output_of_the_inputs_shape_passes_whatever_its_exporter_named_its_di
     y = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
     assert y.tolist() == [[1, -4, 3, 0], [2, 4, -1, 5]]
     assert unfixed_length(tmp_path / "m.onnx", ["y"]) is None
-    assert unfixed_length(tmp_path / "m.onnx", ["where"]).startswith("output 'where' is computed through NonZero 'nonzero'")
+    assert unfixed_length(tmp_path / "m.onnx", ["where"]).startswith("output 'where' is computed "
+                                                                     "through NonZero 'nonzero'")
 
 
 def test_a_count_reduced_away_passes_where_the_export_left_its_length_unnamed(tmp_path: Path) -> None:
@@ -256,5 +261,6 @@ def test_a_top_k_of_min_k_and_the_batch_is_refused_and_of_a_static_width_passes(
     for axis in (0, 1):
         onnx.save(_top_of_shape(axis), str(tmp_path / f"{axis}.onnx"))
     assert unfixed_length(tmp_path / "0.onnx", ["top"]).startswith(
-        "output 'top' is computed through TopK 'keep_top' (its count, 'k', is computed), whose output length is neither")
+        "output 'top' is computed through TopK 'keep_top' (its "
+        "count, 'k', is computed), whose output length is neither")
     assert unfixed_length(tmp_path / "1.onnx", ["top"]) is None

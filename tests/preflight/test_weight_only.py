@@ -112,7 +112,8 @@ def _cast_integers(elem: int, scaled: bool = True, cast_like: bool = False) -> o
     cast = _widen("w_stored", "w_float", cast_like)
     if scaled:
         nodes = [cast, helper.make_node("Mul", ["w_float", "w_scales"], ["w_scaled"]),
-                 helper.make_node("Transpose", ["w_scaled"], ["w"]), helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
+                 helper.make_node("Transpose", ["w_scaled"], ["w"]),
+                 helper.make_node("MatMul", ["x", "w"], ["y"])]  # fmt: skip
     else:
         nodes = [cast, helper.make_node("Transpose", ["w_float"], ["w"]),
                  helper.make_node("MatMul", ["x", "w"], ["xw"]),
@@ -139,14 +140,17 @@ def _fake_quantized(levels: int, per_channel: bool, w: np.ndarray = WEIGHT.T) ->
     ("build", "found"),
     [
         pytest.param(lambda: _fake_quantized(255, per_channel=True),
-                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-channel"),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-per-channel"),
         pytest.param(lambda: _fake_quantized(255, per_channel=False),
-                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int8-folded-per-tensor"),
+                     "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int8-folded-per-tensor"),
         pytest.param(lambda: _fake_quantized(255, per_channel=True, w=WEIGHT.reshape(24, 4)[:8]),
                      "8-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-folded-4-values-per-channel"),
         pytest.param(lambda: _fake_quantized(15, per_channel=True),
-                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)", id="int4-folded-per-channel"),
+                     "4-bit values stored as float32 (weight-only, activations in float: 1 MatMul node)",
+                     id="int4-folded-per-channel"),
         pytest.param(lambda: _cast_integers(TensorProto.INT8),
                      "int8 (weight-only, activations in float: 1 MatMul node)",
                      id="int8-cast-scaled"),
@@ -186,7 +190,8 @@ def test_every_weight_only_low_bit_form_is_refused_alike(build, found: str) -> N
 
 
 @pytest.mark.parametrize(("held", "widen"), [("initializer", "Cast"), ("initializer", "CastLike"), ("Constant", "Cast"),
-                                            ("narrowed when run", "Cast"), ("transposed, narrowed when run", "Cast")])  # fmt: skip
+                                            ("narrowed when run", "Cast"),
+                                            ("transposed, narrowed when run", "Cast")])  # fmt: skip
 def test_a_weight_stored_in_16_bits_is_still_accepted_with_its_note(held: str, widen: str) -> None:
     """A float16 weight widened by CastLike(w, x), held in a Constant node, or a float32 one the model narrows to
     float16 and back when it runs, computes as one an initializer's Cast widens: it went without the note, and the
@@ -220,9 +225,12 @@ def test_an_int16_weight_cast_to_float_is_accepted_with_its_note_and_a_cast_mask
                  for name, v in (("start", 0), ("limit", K), ("delta", 1))]  # fmt: skip
     nodes = [*positions, helper.make_node("Range", ["start", "limit", "delta"], ["ints"]),
              helper.make_node("Cast", ["ints"], ["floats"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["floats", "axis"], ["column"]), helper.make_node("MatMul", ["x", "column"], ["xp"]),
-             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT), helper.make_node("Mul", ["x", "m"], ["xm"]),
-             helper.make_node("MatMul", ["xm", "column"], ["xq"]), helper.make_node("Add", ["xp", "xq"], ["y"])]  # fmt: skip
+             helper.make_node("Unsqueeze", ["floats", "axis"], ["column"]),
+             helper.make_node("MatMul", ["x", "column"], ["xp"]),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["x", "m"], ["xm"]),
+             helper.make_node("MatMul", ["xm", "column"], ["xq"]),
+             helper.make_node("Add", ["xp", "xq"], ["y"])]  # fmt: skip
     model = _model(nodes, [mask, numpy_helper.from_array(np.array([1], np.int64), "axis")])
     _run(model, {"x": ROWS})
     assert reduced_precision(model) is None
@@ -250,7 +258,8 @@ def test_validate_refuses_a_matmul_nbits_reference_in_one_line(tmp_path: Path, c
     assert main(["validate", str(tmp_path / "recipe.yaml")]) == 2
     [line] = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert line.startswith(f"error: {tmp_path / 'recipe.yaml'}: model.path: {tmp_path / 'model.onnx'}: the model's "
-                           "weights are already quantized to 4-bit (weight-only, activations in float: 1 MatMulNBits")  # fmt: skip
+                           "weights are already quantized to 4-bit "
+                           "(weight-only, activations in float: 1 MatMulNBits")  # fmt: skip
     assert "give the float model the weights were quantized from" in line
 
 

@@ -95,7 +95,8 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "recipe.yaml: variants[0].calibrator: got 'dynamic', expected one of entropy, minmax, percentile for fp8",
         ),
         (  # an optimize_model BERT's fused Attention: refused with the recipe, not once the sweep has started
-            {"variants": [{"name": "a", "precision": "fp8", "calibrator": "minmax", "op_types": ["MatMul", "Attention"]}]},
+            {"variants": [{"name": "a", "precision": "fp8", "calibrator": "minmax",
+                           "op_types": ["MatMul", "Attention"]}]},
             "recipe.yaml: variants[0].op_types: fp8 cannot quantize Attention; expected some of Conv, ConvTranspose, "
             "Gemm, MatMul",
         ),
@@ -158,10 +159,12 @@ def test_fingerprint_ignores_the_gate_but_not_the_model(tmp_path):
             "this recipe's model is an ONNX file",
         ),
         (
-            {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {}, "exclude_nodes": ["n"]}]},
+            {"variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {},
+                           "exclude_nodes": ["n"]}]},
             "recipe.yaml: variants[0].exclude_nodes: does not apply to QAT variants",
         ),
-        (  # it said "'label' needs data.label", which task embedding refuses: the user was sent from one error to another
+        # it said "'label' needs data.label", which task embedding refuses: the user was sent from one error to another
+        (
             {"task": "embedding", "model": {"torch": "pkg.models:build", "example_inputs": {"x": [1, 4]}},
              "gate": {"metric": "cosine"},
              "variants": [{"name": "q", "precision": "int8", "calibrator": "minmax", "qat": {"loss": "label"}}]},
@@ -374,7 +377,8 @@ data: {path: rows.parquet, inputs: {x: input}, label: y}
 def test_a_name_yaml_reads_as_a_number_says_to_quote_it(tmp_path):
     """PyTorch's exporter numbers unnamed outputs ('13'); unquoted, YAML hands the recipe the integer 13."""
     assert error_of(tmp_path, UNQUOTED_NAMES) == (
-        "recipe.yaml: model.output: expected a string, got 13 (YAML reads it as a number: quote it, '13', to keep it text)"
+        "recipe.yaml: model.output: expected a string, got 13 (YAML "
+        "reads it as a number: quote it, '13', to keep it text)"
     )
 
 
@@ -477,7 +481,8 @@ def test_a_gate_left_without_a_metric_over_several_outputs_is_asked_to_name_one(
 
 @pytest.mark.parametrize(
     ("name", "why"),
-    [("nl\nPASS int8 overall", "holds \\n"), ("ctl\x01x", "holds \\x01"), ("", "is empty"), (" ", "has spaces at an end"),
+    [("nl\nPASS int8 overall", "holds \\n"), ("ctl\x01x", "holds \\x01"), ("", "is empty"),
+     (" ", "has spaces at an end"),
      (" faint", "has spaces at an end"), ("e\u0301", "has accents not composed as NFC")],
 )
 def test_a_named_slice_must_print_as_itself(tmp_path, name, why):

@@ -223,8 +223,8 @@ def test_the_serving_table_and_slo_lines_are_in_the_html_report() -> None:
     footer = [li.text for li in tree.find("li") if li.text.startswith(("SLO ", "cheapest"))]
     assert footer == ["SLO BREACH int8-fast@onnxruntime-cpu: p99 14.5 ms at 100 req/s > budget 10 ms (+4.5 ms, +45.0%; "
                       "from 200 timed runs per batch size)",
-                      "SLO pass int8-ok@onnxruntime-cpu: p99 6 ms at 100 req/s <= budget 10 ms (-4 ms, -40.0%; from 200 "
-                      "timed runs per batch size)",
+                      "SLO pass int8-ok@onnxruntime-cpu: p99 6 ms at 100 "
+                      "req/s <= budget 10 ms (-4 ms, -40.0%; from 200 timed runs per batch size)",
                       "cheapest meeting accuracy and SLO: int8-ok@onnxruntime-cpu (up to 200 req/s within budget, "
                       "$0.5 per million)"]  # fmt: skip
     (breach,) = tree.find("ul", "breaches")[0].children

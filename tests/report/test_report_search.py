@@ -24,7 +24,8 @@ def _searched(report: SearchReport, variants=()) -> object:
 
 def test_a_search_that_built_nothing_is_not_called_unreachable():
     failed = CandidateRecord("ort-static", "ort-static", stage="failed",
-                             verdict="build failed: Fail: [ONNXRuntimeError] : 1 :\n  Load model failed\n  at line 3")  # fmt: skip
+                             verdict="build failed: Fail: [ONNXRuntimeError] "
+                                     ": 1 :\n  Load model failed\n  at line 3")  # fmt: skip
     markdown = search_markdown(_searched(_report("nothing built", (failed,))))
     assert "int8-search: nothing built, 1 candidates" in markdown and "unreachable" not in markdown
     assert "No candidate could be built or measured." in markdown

@@ -178,7 +178,8 @@ def test_frontier_text_joins_variants_as_fast_within_the_noise_with_an_equals_si
                           make_variant("fp32-resaved", "fp32", p50_by_batch={1: 0.98}, accuracy=same),
                           make_variant("int8", "int8", p50_by_batch={1: 0.5}, accuracy=worse)])  # fmt: skip
     lines = frontier_text(results).splitlines()
-    assert lines[1] == "  onnxruntime-cpu, batch 1: int8 (0.500 ms, 0.9400) → fp32-resaved (0.980 ms, 0.9500) = fp32 (1.00 ms, 0.9500)"
+    assert lines[1] == ("  onnxruntime-cpu, batch 1: int8 (0.500 ms, 0.9400) → "
+                        "fp32-resaved (0.980 ms, 0.9500) = fp32 (1.00 ms, 0.9500)")
     assert lines[2] == "  =: the same metric, as fast within the timing noise"
     assert "=" not in frontier_text(make_sweep([results.variants[0], results.variants[2]]))
 
@@ -361,7 +362,8 @@ def test_the_calibration_section_states_the_rows_candidates_were_chosen_on(tmp_p
     copied = replace(calibration, selection_overlap_rows=30)  # a calibration file copying evaluation rows
     text = render_markdown(replace(results, calibration=copied), None, None, tmp_path / "report.md")
     assert "kept apart from fitting), **though 30 feed the model what evaluation rows feed it**" in text
-    none = replace(results.calibration, selection_rows=0, selection_from_sample=0)  # none readable: evaluation rows chose
+    # none readable: evaluation rows chose
+    none = replace(results.calibration, selection_rows=0, selection_from_sample=0)
     text = render_markdown(replace(results, calibration=none), None, None, tmp_path / "report.md")
     assert "**candidates chosen on the evaluation rows**" in text and "chosen on 0 other rows" not in text
 

@@ -25,7 +25,8 @@ def _search(evaluations_allowed: int) -> tuple[run._Search, list[str]]:
     evaluated, in order."""
     search = object.__new__(run._Search)
     search.records = [CandidateRecord(label, "ort-dynamic", stage="screened", speedup=speed, screen_excess=excess,
-                                      verdict="screened: promising") for label, (speed, excess, _) in SCREENED.items()]  # fmt: skip
+                                      verdict="screened: promising")
+                                      for label, (speed, excess, _) in SCREENED.items()]  # fmt: skip
     search.fp32_timings, search.budget, search.follows_batch = [], Budget(60, lambda: 0.0, 3), {}
     evaluated: list[str] = []
 

@@ -149,8 +149,8 @@ def test_the_random_cases_hold_every_kind_of_verdict():
 
 
 def _certain_refusals(seed: int) -> list[tuple[bool, int]]:
-    """(whether the certain-failure bound refuses each candidate of case `seed` on a screen of two thirds of its rows, the
-    gate's exit code on every row)."""
+    """(whether the certain-failure bound refuses each candidate of case `seed` on a screen of two thirds of its rows,
+    the gate's exit code on every row)."""
     task, outputs, labels, slices, spec = _drawn(seed)
     fp32, candidates = _results(task, outputs, labels, slices)
     rows = labels.shape[0]

@@ -119,7 +119,8 @@ def _finished(search: run._Search, tmp_path):
     search.fp32_p50, search.chosen_on = {}, "chosen on the selection rows"
     search.prepared, search.rows = SimpleNamespace(selection=None), SimpleNamespace(count=ROWS)
     search._method_note = lambda: "method"
-    search.built = {i: BuiltVariant(r.label, "int8", tmp_path / f"{r.label}.onnx") for i, r in enumerate(search.records)}
+    search.built = {i: BuiltVariant(r.label, "int8", tmp_path / f"{r.label}.onnx")
+                    for i, r in enumerate(search.records)}
     return search.finish()  # the builds lie outside the search's folder: nothing moves
 
 
@@ -158,7 +159,8 @@ def test_a_pass_short_of_rows_alone_stops_the_search_as_a_pass_does(monkeypatch)
     agreement = {"fp32": 1.0, "thin": 0.996, "clear": 0.998}
     monkeypatch.setattr(run, "measure", lambda backend, built, prepared, **kw: SimpleNamespace(result=VariantResult(
         variant=built, backend="cpu", precision=built, status="ok", accuracy=AccuracyResult(
-            rows=ROWS, nonfinite_outputs=0, overall=SliceMetrics("overall", ROWS, {"agreement": agreement[built]}))), rows_independent=False))
+            rows=ROWS, nonfinite_outputs=0, overall=SliceMetrics("overall", ROWS, {"agreement": agreement[built]}))),
+            rows_independent=False))
     search.fp32 = SimpleNamespace(result=run.measure(None, "fp32", None).result, reference="fp32 outputs")
     search.tolerances = reference_tolerances(search.fp32.result, search.gate)
     search.evaluate_promising()

@@ -49,7 +49,8 @@ def test_rounds_that_disagree_are_retimed_while_the_budget_has_room_and_the_pick
     medians, rounds, _ = _retimed(budget_s=1000)
     assert rounds > RETIME_ROUNDS
     records = [CandidateRecord(key, "ort-static", passed=True, excess=0.5,
-                               speedup=select.speedup(medians[None], medians[key])) for key in ("lucky", "steady")]  # fmt: skip
+                               speedup=select.speedup(medians[None], medians[key]))
+                               for key in ("lucky", "steady")]  # fmt: skip
     assert records[1].speedup > 1.15 and records[0].speedup < 1.1
     assert select.choose(records) == 1
 

@@ -1,4 +1,5 @@
-"""The search's method note says how the passing candidates' speed-ups were measured, never re-timing that did not run."""
+"""The search's method note says how the passing candidates' speed-ups were measured, never re-timing that did not
+run."""
 
 from __future__ import annotations
 

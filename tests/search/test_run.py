@@ -1,4 +1,5 @@
-"""The INT8 search end to end, through the sweep, on a tiny model with a deliberately fragile node (tests/explain/test_sensitivity.py)."""
+"""The INT8 search end to end, through the sweep, on a tiny model with a deliberately fragile node
+(tests/explain/test_sensitivity.py)."""
 
 from __future__ import annotations
 
@@ -247,7 +248,8 @@ def test_keep_float_candidates_keep_only_nodes_their_base_quantized(tmp_path):
     assert search.base_ranking(0, ranking, set(ranking)) == (["branch_a", "mm1", "branch_b"], 3)
 
 
-@pytest.mark.parametrize(("fp32_timings", "evaluated"), [([{1: 10.0}, {1: 10.2}], False), ([{1: 10.0}, {1: 12.0}], True)])
+@pytest.mark.parametrize(("fp32_timings", "evaluated"),
+                         [([{1: 10.0}, {1: 10.2}], False), ([{1: 10.0}, {1: 12.0}], True)])
 def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_are_as_noisy(fp32_timings, evaluated):
     """Screened at 1.33x against a passing 1.46x: on a quiet machine (FP32 within 2 %) it cannot win and is not
     evaluated; when FP32's timings were 10 and 12 ms (an estimate's noise: twice 1/11, 18 %), the two estimates
@@ -256,8 +258,10 @@ def test_a_candidate_screened_slower_is_still_evaluated_when_fp32s_own_timings_a
     from qbench.search import run
 
     search = object.__new__(run._Search)
-    search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=1.46, stage="evaluated", passed=True, excess=0.4),
-                      CandidateRecord("static", "ort-static", speedup=1.33, stage="screened", screen_excess=0.3)]  # fmt: skip
+    search.records = [CandidateRecord("dynamic", "ort-dynamic", speedup=1.46, stage="evaluated", passed=True,
+                                      excess=0.4),
+                      CandidateRecord("static", "ort-static", speedup=1.33, stage="screened",
+                                      screen_excess=0.3)]  # fmt: skip
     search.fp32_timings = fp32_timings
     search.budget, search.refusal = Budget(60, lambda: 0.0, 3), lambda what, seconds, **_: None
     search.follows_batch = {}
@@ -328,7 +332,8 @@ def test_a_candidate_in_which_no_node_computes_in_int8_is_not_applicable(tmp_pat
     assert outcome.gate.exit_code == EXIT_UNUSABLE
 
 
-@pytest.mark.parametrize(("fp32_timings", "flagged"), [([{1: 10.0}, {1: 10.1}], True), ([{1: 10.0}, {1: 12.0}, {1: 8.0}], False)])
+@pytest.mark.parametrize(("fp32_timings", "flagged"),
+                         [([{1: 10.0}, {1: 10.1}], True), ([{1: 10.0}, {1: 12.0}, {1: 8.0}], False)])
 def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_measured(fp32_timings, flagged):
     """A pick estimated at 0.85x FP32: on a quiet machine that is slower than FP32; when FP32's own timings were 8 to
     12 ms (an estimate's noise: 40 %) the estimate cannot say so, as the search's ranking already knew (a fixed 5 %
@@ -344,8 +349,8 @@ def test_slower_than_fp32_is_flagged_only_beyond_the_timing_noise_the_search_mea
 
 def _one_tie_project(root, rows=400, *, lone_slice=False):
     """y = x @ W over two features, class by the sign of feature 0 (|x0| >= 1 on every row) except the first
-    calibration row and the first evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations (a scale of ~0.04 for
-    the batch's range) read 1e-3 as 0, so every INT8 candidate flips that one row and no other."""
+    calibration row and the first evaluation row, x = [0, 1e-3]: its classes are 0 and 1e-3 apart, and INT8 activations
+    (a scale of ~0.04 for the batch's range) read 1e-3 as 0, so every INT8 candidate flips that one row and no other."""
     root.mkdir(parents=True, exist_ok=True)
     weight = np.array([[1.0, -1.0], [0.0, 1.0]], dtype=np.float32)
     graph = helper.make_graph(
@@ -354,7 +359,8 @@ def _one_tie_project(root, rows=400, *, lone_slice=False):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
         initializer=[numpy_helper.from_array(weight, "w")],
     )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(root / "model.onnx"))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
+              str(root / "model.onnx"))
     rng = np.random.default_rng(0)
     x = np.stack([rng.choice([-1.0, 1.0], size=2 * rows) * rng.uniform(1, 5, size=2 * rows), np.zeros(2 * rows)], 1)
     x[0] = x[rows] = [0.0, 1e-3]  # the first calibration row (kept apart to choose on) and evaluation row
@@ -363,7 +369,8 @@ def _one_tie_project(root, rows=400, *, lone_slice=False):
                   "tie": (["tie"] + ["rest"] * (rows - 1)) * 2}).to_parquet(root / "data.parquet")  # fmt: skip
     recipe = {
         "name": "one-tie", "task": "classification", "model": {"path": "model.onnx"},
-        "data": {"path": "data.parquet", "inputs": {"x": "x"}, "calibration": {"filter": {"split": "calib"}, "samples": rows},
+        "data": {"path": "data.parquet", "inputs": {"x": "x"},
+                 "calibration": {"filter": {"split": "calib"}, "samples": rows},
                  "evaluation": {"filter": {"split": "eval"}, "batch_size": 50},
                  "slices": [{"by": "half"}, *([{"by": "tie"}] if lone_slice else [])]},
         "variants": [], "latency": {"batch_sizes": [1, 8], "warmup": 2, "iterations": 10, "threads": 1},
@@ -416,7 +423,8 @@ def test_candidates_dismissed_against_a_lucky_screening_estimate_are_evaluated_a
 
     screened = iter([2.0, 1.0])
     # the estimate over both batch sizes (select.per_batch's one-batch ratios keep theirs)
-    monkeypatch.setattr(select, "speedup", lambda reference, candidate: next(screened, 1.0) if len(reference) > 1 else 1.0)
+    monkeypatch.setattr(select, "speedup",
+                        lambda reference, candidate: next(screened, 1.0) if len(reference) > 1 else 1.0)
     monkeypatch.setattr(select, "timing_noise", lambda timings: 0.0)
     retimed = {"ort-dynamic": 0.9, "ort-static": 1.0}
 
@@ -457,7 +465,8 @@ def test_a_slower_passing_candidate_does_not_stop_keep_float_on_a_faster_failing
     """SmoothQuant passes (it smooths the fragile branch) but is timed at 1.0x; ORT dynamic fails at 2.0x. Keeping the
     fragile node float makes ORT dynamic pass at 1.8x: the search must try it and choose it, not stop at SmoothQuant
     (keep-float candidates were tried only when nothing passed)."""
-    _screened_at(monkeypatch, lambda label: 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label else 2.0)
+    _screened_at(monkeypatch, lambda label: 1.0 if label.startswith("smoothquant") else 1.8 if "float" in label
+                 else 2.0)
     search = {"techniques": ["ort-dynamic", "smoothquant-dynamic"], "timing_runs": 3}
     _, outcome = _searched(tmp_path, search)
     report = outcome.results.search
@@ -473,7 +482,8 @@ def test_keep_float_is_tried_on_every_failing_candidate_not_only_the_two_fastest
     of three sweeps of one recipe, one rebuilt ORT static (7-bit) with a node float, which passed, and two rebuilt
     two others and reported the gate unreachable. Here keeping nodes float cannot rescue the two dynamic candidates
     (timed fastest); it rescues ORT static, timed third: the search must still find it."""
-    _screened_at(monkeypatch, lambda label: 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic") else 1.5,
+    _screened_at(monkeypatch, lambda label: 1.2 if "float" in label else 2.0 if label.startswith("ort-dynamic")
+                 else 1.5,
                  failing=lambda record: bool(record.keep_float) and record.label.startswith("ort-dynamic"))
     _, outcome = _searched(tmp_path, {"techniques": ["ort-dynamic", "ort-static"], "timing_runs": 3})
     report = outcome.results.search

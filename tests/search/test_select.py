@@ -16,7 +16,8 @@ from qbench.variants.integer_kernels import float_weighted_layers
 
 
 def _record(label: str, *, speedup: float | None = None, screen: float | None = None, excess: float | None = None,
-            passed: bool | None = None, stage: str = "screened", keep_float: tuple[str, ...] = (), **more) -> CandidateRecord:  # fmt: skip
+            passed: bool | None = None, stage: str = "screened", keep_float: tuple[str, ...] = (),
+            **more) -> CandidateRecord:  # fmt: skip
     return CandidateRecord(label, "ort-dynamic", speedup=speedup, screen_excess=screen, excess=excess, passed=passed,
                            stage=stage, keep_float=keep_float, **more)  # fmt: skip
 
@@ -81,9 +82,11 @@ def test_choose_breaks_a_speed_tie_by_accuracy_then_float_nodes_then_order_not_b
     assert select.choose(swapped) == 1
     # equal excess: fewer float nodes, then the earlier candidate
     even = [_record("kf", speedup=1.6, excess=0.5, passed=True, keep_float=("n1",)),
-            _record("plain", speedup=1.58, excess=0.5, passed=True), _record("later", speedup=1.59, excess=0.5, passed=True)]
+            _record("plain", speedup=1.58, excess=0.5, passed=True),
+            _record("later", speedup=1.59, excess=0.5, passed=True)]
     assert select.choose(even) == 1
-    assert select.choose([_record("x", excess=0.5, passed=True), _record("y", excess=0.2, passed=True)]) == 1  # no speeds
+    # no speeds
+    assert select.choose([_record("x", excess=0.5, passed=True), _record("y", excess=0.2, passed=True)]) == 1
 
 
 def test_closest_prefers_full_evaluation_figures_then_speed():
@@ -236,7 +239,8 @@ def test_linear_layers_inside_an_if_are_where_the_weights_are_left_float():
     graph = helper.make_graph(
         [helper.make_node("If", ["use_cache_branch"], ["y"], then_branch=then, else_branch=other, name="if")], "merged",
         [out("x", TensorProto.FLOAT, ["n", 4]), out("use_cache_branch", TensorProto.BOOL, [1])],
-        [out("y", TensorProto.FLOAT, ["n", 4])], initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
+        [out("y", TensorProto.FLOAT, ["n", 4])],
+        initializer=[numpy_helper.from_array(v, k) for k, v in weights.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     layers = float_weighted_layers(model)

@@ -125,7 +125,8 @@ def test_the_twins_nearest_to_passing_then_cheapest_are_screened_first(bases, ex
     from qbench.search.candidates import Candidate
 
     search = object.__new__(search_run._Search)
-    search.records = [CandidateRecord(t, t, stage="screened", screen_excess=excess, speedup=1.5) for t, excess, _ in bases]
+    search.records = [CandidateRecord(t, t, stage="screened", screen_excess=excess, speedup=1.5)
+                      for t, excess, _ in bases]
     search.candidates = [Candidate(t, {"reduce_range": False}) for t, _, _ in bases]
     search.budget, search.fp32_timings = Budget(600, lambda: 0.0, 3), []
     for technique, _, build_s in bases:

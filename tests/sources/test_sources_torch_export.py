@@ -284,7 +284,8 @@ def test_an_export_that_recorded_the_example_batch_is_refused_naming_the_cause(t
 def test_a_module_whose_own_forward_fails_at_another_batch_is_refused(tmp_path: Path) -> None:
     recipe = _project(tmp_path)
     (tmp_path / "mypkg" / "layers.py").write_text(LAYERS_SOURCE.replace(
-        "return self.head(ops.act(self.hidden(features)))", "return self.head(ops.act(self.hidden(features)).view(2, -1, 16).mean(1))"))  # fmt: skip
+        "return self.head(ops.act(self.hidden(features)))",
+        "return self.head(ops.act(self.hidden(features)).view(2, -1, 16).mean(1))"))  # fmt: skip
     with pytest.raises(RecipeError, match=r"at a batch of 3: forward\(\) itself fails on it \(RuntimeError: "):
         resolve_model(load_recipe(recipe))
 
@@ -356,8 +357,9 @@ def test_editing_a_helper_forward_calls_from_another_file_makes_a_new_export(tmp
 
 def test_the_export_key_is_the_same_in_fresh_processes_when_nothing_changed(tmp_path: Path) -> None:
     recipe = _project(tmp_path)
-    script = ("import sys\nfrom qbench.recipe.spec import load_recipe\nfrom qbench.sources.torch_model import load_torch_model\n"
-              "print(load_torch_model(load_recipe(sys.argv[1])).cache_key)\n")  # fmt: skip
+    script = ("import sys\nfrom qbench.recipe.spec import load_recipe\nfrom "
+              "qbench.sources.torch_model import "
+              "load_torch_model\nprint(load_torch_model(load_recipe(sys.argv[1])).cache_key)\n")  # fmt: skip
     runs = [subprocess.Popen([sys.executable, "-c", script, str(recipe)], stdout=subprocess.PIPE, text=True)
             for _ in range(2)]  # fmt: skip
     keys = [run.communicate(timeout=120)[0].strip() for run in runs]

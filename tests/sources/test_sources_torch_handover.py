@@ -253,7 +253,8 @@ def test_code_digest_of_a_scripted_module_leaves_its_file_s_folder_out(tmp_path:
     from qbench.sources.torch_wrappers import generated_code_sha256
 
     code = ("import torch\n\nclass Net(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-            "        self.lin = torch.nn.Linear(3, 2)\n\n    def forward(self, x):\n        return torch.relu(self.lin(x)) * 2\n")
+            "        self.lin = torch.nn.Linear(3, 2)\n\n    def forward(self, x):\n        return "
+            "torch.relu(self.lin(x)) * 2\n")
 
     def scripted(folder: str, text: str) -> torch.jit.ScriptModule:
         (tmp_path / folder).mkdir()

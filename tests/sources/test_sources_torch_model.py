@@ -542,7 +542,8 @@ def test_unreadable_weights_file_is_a_recipe_error(project: Path) -> None:
     ("factory", "expected"),
     [
         ("nosuchpkg.models:build", "cannot find module 'nosuchpkg.models'"),
-        ("mypkg.broken:build", "importing 'mypkg.broken' failed: ModuleNotFoundError: No module named 'not_installed_dep'"),
+        ("mypkg.broken:build", "importing 'mypkg.broken' failed: ModuleNotFoundError: "
+                               "No module named 'not_installed_dep'"),
         ("mypkg.models:build_clasifier", "has no attribute 'build_clasifier' (did you mean 'build_classifier'?)"),
         ("mypkg.models:NOT_CALLABLE", "mypkg.models:NOT_CALLABLE is int, not a callable"),
         ("mypkg.models:not_a_module", "returned str, expected a torch.nn.Module"),
@@ -572,7 +573,8 @@ def test_a_bad_factory_is_a_recipe_error_naming_the_cause(project: Path, factory
          "position); expected a forward() taking them by position: make the factory return a wrapper module whose "
          "forward(features) calls the model as model(features=features)"),
         ({"torch": "mypkg.models:build_keyword_only", "example_inputs": {"features": [1, FEATURES]}},
-         "model.example_inputs", "forward() takes 0: [] (features keyword-only: the exporter passes inputs by position); "
+         "model.example_inputs", "forward() takes 0: [] (features keyword-only: "
+                                 "the exporter passes inputs by position); "
          "expected a forward() taking them by position: make the factory return a wrapper module whose "
          "forward(features) calls the model as model(features=features)"),
     ],
@@ -589,7 +591,8 @@ def test_example_inputs_and_output_names_must_fit_forward(
 def test_a_forward_that_takes_a_dict_is_refused_in_one_line_naming_the_remedy(
     project: Path, example_inputs: dict[str, list[int]]
 ) -> None:
-    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_takes_a_dict", "example_inputs": example_inputs})
+    recipe = _write_recipe(project.parent,
+                           {"torch": "mypkg.models:build_takes_a_dict", "example_inputs": example_inputs})
     error = _load_error(recipe)
     names = ", ".join(example_inputs)
     assert error.field == "model.torch"
@@ -888,7 +891,8 @@ def test_an_export_holding_a_python_value_is_checked_on_every_evaluation_batch(
 
 
 def test_a_number_among_forwards_outputs_is_named_by_its_place(project: Path) -> None:
-    error = _load_error(_write_recipe(project.parent, {"torch": "mypkg.models:build_with_number", "output_names": None}))
+    error = _load_error(_write_recipe(project.parent,
+                                      {"torch": "mypkg.models:build_with_number", "output_names": None}))
     assert error.field == "model.torch"
     assert error.detail == ("forward()'s output['extra'][1] is a float; expected every item it returns to be a tensor "
                             "(or None): return a number as a tensor, or leave it out")
@@ -919,7 +923,8 @@ def test_namedtuple_outputs_are_named_by_their_fields_and_a_dataclass_is_refused
 
 def test_a_forward_argument_the_model_ignores_stays_an_input_of_the_export(project: Path) -> None:
     """The TorchScript exporter drops an unused argument; feeding it then failed with ORT's 'Invalid input name'."""
-    model = {"torch": "mypkg.models:build_ignores_mask", "example_inputs": {"features": [1, FEATURES], "mask": [1, FEATURES]}}
+    model = {"torch": "mypkg.models:build_ignores_mask",
+             "example_inputs": {"features": [1, FEATURES], "mask": [1, FEATURES]}}
     recipe = _write_recipe(project.parent, model, variants=[{"name": "fp16", "precision": "fp16"}])
     raw = yaml.safe_load(recipe.read_text())
     raw["data"]["inputs"] = {"x": "features", "x_again": "mask"}
@@ -927,7 +932,8 @@ def test_a_forward_argument_the_model_ignores_stays_an_input_of_the_export(proje
     frame.assign(x_again=frame["x"]).to_parquet(project.parent / "data.parquet")
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     session = ort.InferenceSession(str(export_reference(load_torch_model(load_recipe(recipe)))))
-    assert [(i.name, i.type) for i in session.get_inputs()] == [("features", "tensor(float)"), ("mask", "tensor(float)")]
+    assert [(i.name, i.type) for i in session.get_inputs()] == [("features", "tensor(float)"),
+                                                                ("mask", "tensor(float)")]
     assert main(["sweep", str(recipe), "--no-track"]) == 0
 
 
@@ -986,7 +992,8 @@ def test_sweep_builds_every_variant_from_the_exported_reference(project: Path) -
     (results_file,) = (project.parent / "reports" / "tiny-torch").glob("*/results.json")
     results = json.loads(results_file.read_text())
     statuses = {(v["variant"], v["backend"]): (v["status"], v.get("error")) for v in results["variants"]}
-    assert set(statuses) == {("fp32", "onnxruntime-cpu"), ("fp16", "onnxruntime-cpu"), ("int8-minmax", "onnxruntime-cpu")}
+    assert set(statuses) == {("fp32", "onnxruntime-cpu"), ("fp16", "onnxruntime-cpu"),
+                             ("int8-minmax", "onnxruntime-cpu")}
     assert all(status == "ok" for status, _ in statuses.values()), statuses
     assert results["recipe"]["model_source"] == "mypkg.models:build_classifier"
 
@@ -1058,7 +1065,8 @@ def test_demo_torch_recipe_rebuilds_the_demo_onnx_model(digits_project: Path) ->
 
 def test_tensors_nested_in_named_outputs_are_named_by_their_path(project: Path) -> None:
     """They were output_0..output_3, so `model.output: logits` (a ModelOutput's own name) named no output."""
-    recipe = _write_recipe(project.parent, {"torch": "mypkg.models:build_nested", "output_names": None, "output": "logits"},
+    recipe = _write_recipe(project.parent,
+                           {"torch": "mypkg.models:build_nested", "output_names": None, "output": "logits"},
                            variants=[{"name": "fp16", "precision": "fp16"}])  # fmt: skip
     torch_model = load_torch_model(load_recipe(recipe))
     assert torch_model.output_names == ("logits", "hidden_states.0", "hidden_states.1.scores", "hidden_states.1.hidden")

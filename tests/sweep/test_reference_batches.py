@@ -35,7 +35,8 @@ def batch_one_model() -> onnx.ModelProto:
     shape = numpy_helper.from_array(np.array([1, 4], np.int64), "shape")
     nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "batch_one", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [weights, shape])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [weights, shape])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -46,7 +47,8 @@ def batch_four_model(batch: str | int = "batch") -> onnx.ModelProto:
     nodes = [helper.make_node("Constant", [], ["shape"], value=numpy_helper.from_array(np.array([4, 4], np.int64))),
              helper.make_node("Reshape", ["x", "shape"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["logits"])]
     graph = helper.make_graph(nodes, "batch_four", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])], [weights])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])],
+                              [weights])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -56,7 +58,8 @@ def no_batch_model() -> onnx.ModelProto:
     index = numpy_helper.from_array(np.array([9, 10, 11], np.int64), "index")
     nodes = [helper.make_node("Gather", ["x", "index"], ["logits"], axis=1)]
     graph = helper.make_graph(nodes, "no_batch", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [index])  # fmt: skip
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])],
+                              [index])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -106,12 +109,13 @@ def test_a_reference_that_fails_at_the_largest_timed_batch_stops_before_any_buil
     assert (f"error: {recipe.parent / 'model.onnx'}: the FP32 reference does not run on onnxruntime-cpu: a batch of 16 "
             "rows failed: Fail: [ONNXRuntimeError]") in lines[0]  # fmt: skip
     assert "Input shape:{16,4}, requested shape:{1,4}" in lines[0]
-    assert lines[0].endswith("(the check fed it one row, then 8 evaluation rows repeated to one batch of 16, the largest "
-                             "the sweep runs: latency.batch_sizes [1, 16]); expected a model that runs every batch size "
-                             "the recipe asks for; it runs one row but not two, so its graph fixes a batch of 1 its "
-                             "inputs do not declare (a Reshape to a constant [1, -1]): set latency.batch_sizes: [1], "
-                             "data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, or export it with a "
-                             "dynamic batch")  # fmt: skip
+    assert lines[0].endswith("(the check fed it one row, then 8 evaluation "
+                             "rows repeated to one batch of 16, the largest "
+                             "the sweep runs: latency.batch_sizes [1, 16]); "
+                             "expected a model that runs every batch size the recipe asks for; it runs one row but not "
+                             "two, so its graph fixes a batch of 1 its inputs do not declare (a Reshape to a constant "
+                             "[1, -1]): set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
+                             "data.calibration.batch_size: 1, or export it with a dynamic batch")  # fmt: skip
     assert builds == []
     assert not (tmp_path / "p" / "reports").exists()  # no run folder: nothing was measured or written
 
@@ -132,9 +136,9 @@ def test_a_reference_that_fails_on_one_row_is_not_told_to_change_batch_sizes(tmp
     assert len(lines) == 1, err
     assert "E:onnxruntime" not in err and "ExecuteKernel" not in err, err
     assert "the FP32 reference does not run on onnxruntime-cpu: a batch of 1 row failed: " in lines[0]
-    assert lines[0].endswith("latency.batch_sizes [1, 16]); expected a model onnxruntime-cpu runs: it fails on a single "
-                             "row too, so no batch-size setting would help; the runtime's reason names the node it "
-                             "stops at")  # fmt: skip
+    assert lines[0].endswith("latency.batch_sizes [1, 16]); expected a model "
+                             "onnxruntime-cpu runs: it fails on a single row too, so no batch-size setting would help; "
+                             "the runtime's reason names the node it stops at")  # fmt: skip
     assert "every batch size" not in lines[0] and "batch_size: 1" not in lines[0]
 
 
@@ -181,9 +185,10 @@ def test_a_reference_that_fails_on_one_row_but_runs_a_larger_batch_names_that_ba
     assert "a batch of 1 row failed: " in lines[0]
     assert lines[0].endswith("expected a model that runs every batch size the recipe asks for; it fails on a single "
                              "row but runs a batch of 4, so its graph fixes a batch of 4 its inputs do not declare (a "
-                             "Reshape to a constant [4, ...]): export it with a dynamic batch, or with its inputs' batch "
-                             "dimension fixed to 4, which qbench runs as a fixed batch "
-                             "(docs/recipe-reference.md: A model with a fixed batch)")  # fmt: skip
+                             "Reshape to a constant [4, ...]): export it "
+                             "with a dynamic batch, or with its inputs' batch "
+                             "dimension fixed to 4, which qbench runs as a fixed batch (docs/recipe-reference.md: A "
+                             "model with a fixed batch)")  # fmt: skip
     assert "no batch-size setting would help" not in lines[0]
 
 
@@ -236,10 +241,11 @@ def test_a_flag_input_of_one_value_per_call_is_named_not_taken_for_a_hidden_resh
     assert code == 2, err
     assert len(lines) == 1, err
     assert lines[0].endswith("it runs one row but not two, so model input 'flag' [1] holds one value per call beside "
-                             "inputs with a dynamic batch (a flag, as an optimum merged decoder's use_cache_branch is), "
-                             "whose rows hold different values in its column: set latency.batch_sizes: [1], "
-                             "data.evaluation.batch_size: 1 and data.calibration.batch_size: 1, or export a model without "
-                             "it (optimum's unmerged decoder_model.onnx and decoder_with_past_model.onnx)"), lines[0]  # fmt: skip
+                             "inputs with a dynamic batch (a flag, as an "
+                             "optimum merged decoder's use_cache_branch is), whose rows hold different values in its "
+                             "column: set latency.batch_sizes: [1], data.evaluation.batch_size: 1 and "
+                             "data.calibration.batch_size: 1, or export a model without it (optimum's unmerged "
+                             "decoder_model.onnx and decoder_with_past_model.onnx)"), lines[0]  # fmt: skip
     assert "Reshape" not in lines[0]
     spec["latency"]["batch_sizes"] = [1]
     recipe.write_text(yaml.safe_dump(spec, sort_keys=False))

@@ -50,7 +50,8 @@ def demo_sweep(digits_project: Path, tmp_path_factory: pytest.TempPathFactory) -
     workdir = tmp_path_factory.mktemp("demo_sweep")
     # the demo's budget (p99 20 ms at 5000 req/s) is met on a quiet machine, not on a loaded one: here the verdict
     # must rest on accuracy alone, so the load is one any machine serves (SLO verdicts are tested on set timings); at
-    # 200 req/s each variant's idle starts are timed after 6 ms of idle (qbench.serving.idle_ms), at 20 req/s after 50 ms
+    # 200 req/s each variant's idle starts are timed after 6 ms of idle (qbench.serving.idle_ms), at 20 req/s after 50
+    # ms
     slo = {"p99_ms": 1000, "rate_rps": 200, "load": {"max_queue_delay_ms": 1, "requests": 200, "seed": 0}}
     recipe = demo_recipe(digits_project, workdir, slo=slo)
     with pytest.MonkeyPatch.context() as patch:

@@ -55,7 +55,8 @@ def test_a_signal_while_mlflow_logs_the_finished_sweep_says_how_to_log_it(projec
 
 
 def test_a_signal_once_mlflow_has_the_whole_sweep_leaves_its_runs_finished(project: Path) -> None:
-    code, line, run_dir = signalled_sweep(project, "qbench.sweep.runner:_with_timings")  # after the MLflow logging ended
+    # after the MLflow logging ended
+    code, line, run_dir = signalled_sweep(project, "qbench.sweep.runner:_with_timings")
     assert code == 2
     assert line.endswith(f"sweep interrupted by SIGTERM: the results are complete in {run_dir}")
     [parent] = sweep_runs(project)
@@ -97,7 +98,8 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
     """FP32's measurement was done but recorded only after the job had returned: a signal in between lost it, and
     `--resume` measured it again. The resumed sweep's results are those of a sweep never interrupted."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))
-    # untracked, the jobs run in plan order (tracked, builds go first while the MLflow runs open, for as long as that takes)
+    # untracked, the jobs run in plan order (tracked, builds go first while the MLflow runs open, for as long as that
+    # takes)
     code, line, run_dir = signalled_sweep(project, "qbench.execute.executors:run_measure", "--no-track")
     assert code == 2
     assert line.endswith(f"incomplete; 2 finished jobs recorded in {run_dir / 'jobs'}, which `qbench sweep {project} "
@@ -116,7 +118,8 @@ def test_a_signal_right_after_a_measurement_returns_leaves_it_for_resume(project
 
 
 def test_a_resume_stopped_while_it_takes_over_the_finished_jobs_loses_none_of_them(
-        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """The first run measured everything; its resume, stopped after it had recorded only the builds it took over,
     was the newest run of the plan, so the next resume took up that one alone and measured everything again."""
     monkeypatch.setenv("QBENCH_CACHE_DIR", str(tmp_path / "store"))

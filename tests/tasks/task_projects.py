@@ -135,7 +135,8 @@ def argmax_first_model() -> onnx.ModelProto:
 
 
 def iris_logits_model(batch: int | None = None) -> onnx.ModelProto:
-    """The iris-fitted 4 -> 3 linear classifier: input x [batch, 4], output logits [batch, 3] (None: a dynamic batch)."""
+    """The iris-fitted 4 -> 3 linear classifier: input x [batch, 4], output logits [batch, 3] (None: a dynamic
+    batch)."""
     features, labels = iris()
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])
     logits = helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 3])

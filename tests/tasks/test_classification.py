@@ -109,7 +109,8 @@ def test_labels_of_a_map_with_negative_keys_are_read_through_its_keys() -> None:
     assert labels.tolist() == [0, 1, 1, 0]
     TASK.check_labels(labels, zipmap, POSITIONS)
     with pytest.raises(LabelError,
-                       match=r"1 row, e.g. row 12: 0 name classes the output 'probs' does not have \(its classes: -1, 1\)"):
+                       match=r"1 row, e.g. row 12: 0 name classes the output "
+                             r"'probs' does not have \(its classes: -1, 1\)"):
         TASK.decode_label_names([-1, 1, 0, -1], [zipmap], POSITIONS)
 
 
@@ -229,7 +230,8 @@ def test_below_chance_with_data_classes_points_at_their_order() -> None:
     why = below_chance(0.14, column, np.array([0, 1, 1, 0]), ["yes", "no"])
     assert why == ("FP32 accuracy 0.1400 on output 'prob' is below a uniform guess over 2 classes (0.5000): check the "
                    "order of data.classes (yes, no): it names each score column's class in column order; a single "
-                   "score column stands for two classes, listed as [negative, positive], e.g. ['no', 'yes']")  # fmt: skip
+                   "score column stands for two classes, listed "
+                   "as [negative, positive], e.g. ['no', 'yes']")  # fmt: skip
 
 
 def test_below_chance_beside_the_graphs_class_table_points_at_it_not_at_data_classes() -> None:
@@ -241,7 +243,8 @@ def test_below_chance_beside_the_graphs_class_table_points_at_it_not_at_data_cla
     why = below_chance(0.0409, scores, np.array([0, 1, 1, 0]))
     assert why == ("FP32 accuracy 0.0409 on output 'probabilities' is below a uniform guess over 2 classes (0.5000): "
                    "the graph names its classes (benign, malignant), so a number label is the position of its class "
-                   "there (0: benign); write the labels as those classes, or recode them to those positions")  # fmt: skip
+                   "there (0: benign); write the labels as those "
+                   "classes, or recode them to those positions")  # fmt: skip
 
 
 def test_a_one_column_score_follows_the_graphs_word_on_probabilities() -> None:
@@ -391,7 +394,8 @@ def test_a_label_differing_from_a_class_only_in_case_or_spaces_is_refused_naming
     with pytest.raises(LabelError) as info:
         label_columns(values, ["cat", "dog", "bird"], np.arange(4), unknown="are none of data.classes")
     assert str(info.value) == (f"1 row, e.g. row 2: {label!r} are none of data.classes; {label!r} differs from class "
-                               f"{near!r} only in case or surrounding spaces (labels name a class exactly)")  # fmt: skip
+                               f"{near!r} only in case or surrounding "
+                               "spaces (labels name a class exactly)")  # fmt: skip
 
 
 def test_a_label_near_no_class_gets_no_hint() -> None:

@@ -109,10 +109,10 @@ def test_a_custom_metric_raising_on_one_variant_fails_that_variant_not_the_sweep
 
     recipe, _, _ = _custom_project(tmp_path, metrics=[{"name": "boom", "function": "fragile_metric:fragile",
                                                        "higher_is_better": True}])  # fmt: skip
-    (tmp_path / "fragile_metric.py").write_text("import numpy as np\n\n\ndef fragile(outputs, labels, reference_outputs):\n"
-                                                "    if not np.array_equal(outputs, reference_outputs):\n"
-                                                "        raise RuntimeError('boom')\n"
-                                                "    return 1.0\n")  # fmt: skip
+    (tmp_path / "fragile_metric.py").write_text("import numpy as np\n\n\ndef fragile(outputs, "
+                                                "labels, reference_outputs):\n    if not "
+                                                "np.array_equal(outputs, reference_outputs):\n "
+                                                "       raise RuntimeError('boom')\n    return 1.0\n")  # fmt: skip
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
     results = read_results(latest_results(load_recipe(recipe)))

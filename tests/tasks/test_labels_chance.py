@@ -67,9 +67,10 @@ def test_labels_at_chance_are_judged(tmp_path, monkeypatch, capsys):
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 0, capsys.readouterr()
     fp32 = read_results(latest_results(load_recipe(recipe))).find("fp32", "onnxruntime-cpu")
     assert [note for note in fp32.notes if "uniform guess" in note] == [
-        "FP32 accuracy 0.2867 on output 'logits' is below a uniform guess over 3 classes (0.3333) and a guess answering "
-        "each class as often as FP32 does (0.3533): if the labels are not the score columns' numbers, name each "
-        "column's class with data.classes; 0.2867 of 150 evaluated, 95% interval up to 0.3637"]
+        "FP32 accuracy 0.2867 on output 'logits' is below a uniform "
+        "guess over 3 classes (0.3333) and a guess answering each class as often as FP32 does (0.3533): if the labels "
+        "are not the score columns' numbers, name each column's class with "
+        "data.classes; 0.2867 of 150 evaluated, 95% interval up to 0.3637"]
 
 
 def test_one_class_evaluation_set_a_model_answers_rarely_is_judged(tmp_path, monkeypatch, capsys):

@@ -88,7 +88,8 @@ def test_token_scores_of_a_fixed_length_read_against_row_labels_are_refused(tmp_
     assert main(["validate", str(recipe)]) == 0  # validate's FP32 run on 8 rows cannot tell it from a weak classifier
     import qbench.sweep.runner
 
-    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)  # no dry run: FP32 on every row
+    # no dry run: FP32 on every row
+    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2
     err = capsys.readouterr().err
     assert said(f"on {beyond} of 120 rows, and its distinct rows' accuracy", err)

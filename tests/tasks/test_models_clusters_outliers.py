@@ -40,7 +40,8 @@ def test_kmeans_distances_are_decided_by_their_arg_min(tmp_path, monkeypatch, ca
     recipe = project(tmp_path, _converted(clusters, features), table(features, labels), variants=[INT8],
                      model={"path": "model.onnx", "output": "scores"})  # fmt: skip
     results, _ = run_all(recipe, capsys)
-    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(labels == clusters.predict(features))), abs=1e-12)
+    assert overall(results)["accuracy"] == pytest.approx(float(np.mean(labels == clusters.predict(features))),
+                                                         abs=1e-12)
     int8 = plain_ort(_variant_path(results, recipe, "int8"), {"X": features})["scores"]
     assert overall(results, "int8")["accuracy"] == pytest.approx(float(np.mean(int8.argmin(1) == labels)), abs=1e-12)
 

@@ -103,7 +103,8 @@ def test_labels_no_value_of_an_integer_output_takes_are_refused(tmp_path, monkey
                 capsys.readouterr().err)  # fmt: skip
     import qbench.sweep.runner
 
-    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)  # as a cluster's sweep: no dry run
+    # as a cluster's sweep: no dry run
+    monkeypatch.setattr(qbench.sweep.runner, "_check_reference_runs", lambda prepared: None)
     assert main(["sweep", str(recipe), "--no-track", "--gate"]) == 2  # FP32's measurement on every row shows it
     err = capsys.readouterr().err
     assert said("no label is a value FP32's output 'label' gives (labels: 3, 7, 9; output: 0, 1, 2): expected labels "

@@ -53,7 +53,8 @@ def test_skl2onnx_logistic_regression(tmp_path, monkeypatch, capsys, zipmap):
     # Without the ZipMap every node is ai.onnx.ml, which ONNX Runtime's int8 quantizer refuses ("Failed to
     # find proper ai.onnx domain"); int8 of such graphs is another change's work, so a second FP32 build
     # is the gated variant here.
-    variants = [INT8] if zipmap else [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]
+    variants = [INT8] if zipmap else [{"name": "fp32", "precision": "fp32"},
+                                      {"name": "fp32-again", "precision": "fp32"}]
     recipe = project(tmp_path, model, table(features, labels), variants=variants)
     results, shown = run_all(recipe, capsys)
     probabilities_name = "output_probability" if zipmap else "probabilities"
@@ -70,7 +71,8 @@ def test_skl2onnx_logistic_regression(tmp_path, monkeypatch, capsys, zipmap):
 def test_int64_label_output_first_is_read_as_class_ids(tmp_path, monkeypatch, capsys):
     features, labels = iris()
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, argmax_first_model(), table(features, labels), model={"path": "model.onnx", "output": "label"})
+    recipe = project(tmp_path, argmax_first_model(), table(features, labels),
+                     model={"path": "model.onnx", "output": "label"})
     results, _ = run_all(recipe, capsys)
     ids = plain_ort(tmp_path / "model.onnx", {"x": features})["label"]
     fp32 = overall(results)
@@ -147,7 +149,8 @@ def test_passthrough_output_of_an_encoder_is_skipped(tmp_path, monkeypatch, caps
 def test_embedding_on_an_integer_output_is_a_recipe_error_naming_the_float_outputs(tmp_path, capsys):
     _, token_rows = _token_table()
     model = {"path": "model.onnx", "output": "ids_out"}
-    recipe = project(tmp_path, _passthrough_encoder(), token_rows, task="embedding", model=model, gate={"metric": "cosine"})
+    recipe = project(tmp_path, _passthrough_encoder(), token_rows, task="embedding", model=model,
+                     gate={"metric": "cosine"})
     assert main(["validate", str(recipe)]) == 2
     err = capsys.readouterr().err
     assert said("model.output: output 'ids_out' is a copy of the input 'input_ids'", err)
@@ -162,7 +165,8 @@ def test_regression_mlp(tmp_path, monkeypatch, capsys):
     regressor = MLPRegressor(hidden_layer_sizes=(16,), max_iter=300, random_state=0).fit(features, targets)
     model = skl2onnx.to_onnx(regressor, features[:1], target_opset=17)
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, model, table(features, targets), task="regression", gate={"metric": "mae", "max_drop": 5.0, "max_slice_drop": 10.0})
+    recipe = project(tmp_path, model, table(features, targets), task="regression",
+                     gate={"metric": "mae", "max_drop": 5.0, "max_slice_drop": 10.0})
     results, _ = run_all(recipe, capsys)
     predicted = plain_ort(tmp_path / "model.onnx", {"X": features})["variable"].reshape(-1).astype(np.float64)
     fp32 = overall(results)
@@ -243,7 +247,8 @@ def _averaged_sigmoids_model(width: int) -> onnx.ModelProto:
     return graph_model(nodes, [x], [probabilities], constants)
 
 
-@pytest.mark.parametrize(("task", "width", "metric"), [("classification", 1, "accuracy"), ("multilabel", 3, "micro_f1")])
+@pytest.mark.parametrize(("task", "width", "metric"),
+                         [("classification", 1, "accuracy"), ("multilabel", 3, "micro_f1")])
 def test_an_average_of_sigmoids_is_thresholded_as_probabilities(tmp_path, monkeypatch, capsys, task, width, metric):
     """An output made by an Add was read as logits (threshold 0): every row of this average of sigmoids was class 1
     (every label positive), FP32 scored the share of positives, and FP16, which rounds the 'near' rows' p = 0.5 + 2e-5
@@ -343,7 +348,8 @@ def test_several_float_outputs_are_refused_unless_named(tmp_path, monkeypatch, c
     assert said("logits (float32, [None, 3]); probabilities (float32, [None, 3])", err)
 
     monkeypatch.chdir(tmp_path)
-    named = project(tmp_path / "named", _two_float_outputs(), table(features, labels), model={"path": "model.onnx", "output": "probabilities"})
+    named = project(tmp_path / "named", _two_float_outputs(), table(features, labels),
+                    model={"path": "model.onnx", "output": "probabilities"})
     results, _ = run_all(named, capsys)
     plain = plain_ort(tmp_path / "named" / "model.onnx", {"x": features})["probabilities"]
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
@@ -358,10 +364,12 @@ def test_a_model_with_a_fixed_batch_of_one(tmp_path, monkeypatch, capsys):
     sixteen = project(tmp_path / "sixteen", model, table(features, labels), data={"evaluation": {"batch_size": 16}})
     assert main(["validate", str(sixteen)]) == 2
     assert said("data.evaluation.batch_size: model input 'x' has a fixed batch dimension of 1 (shape [1, 4]), so it "
-                "runs batches of 1 only; expected data.evaluation.batch_size: 1 (now 16)", capsys.readouterr().err)  # fmt: skip
+                "runs batches of 1 only; expected data.evaluation.batch_size: 1 (now 16)",
+                capsys.readouterr().err)  # fmt: skip
     defaults = project(tmp_path / "defaults", model, table(features, labels))
     results, _ = run_all(defaults, capsys)
-    plain = np.concatenate([plain_ort(tmp_path / "defaults" / "model.onnx", {"x": row[None]})["logits"] for row in features])
+    plain = np.concatenate([plain_ort(tmp_path / "defaults" / "model.onnx", {"x": row[None]})["logits"]
+                            for row in features])
     assert overall(results)["accuracy"] == pytest.approx(float(np.mean(plain.argmax(1) == labels)), abs=1e-12)
     assert results.find("int8", "onnxruntime-cpu").status == "ok"
 
@@ -377,12 +385,14 @@ def test_string_labels_name_score_columns_through_data_classes(tmp_path, monkeyp
     unnamed = project(tmp_path / "unnamed", model, table(features, names))
     assert main(["validate", str(unnamed)]) == 2
     assert said("'virginica' are not integer class ids (for class names, list them in the order of the model's score "
-                "columns in data.classes; a single score column stands for two classes", capsys.readouterr().err)  # fmt: skip
+                "columns in data.classes; a single score column stands for two classes",
+                capsys.readouterr().err)  # fmt: skip
     short = project(tmp_path / "short", model, table(features, names), data={"classes": ["virginica", "setosa"]})
     assert main(["validate", str(short)]) == 2
     assert said("data.classes: names 2 classes, output 'logits' has 3; expected one name per class, in column order",
                 capsys.readouterr().err)  # fmt: skip
-    wrong = project(tmp_path / "wrong", model, table(features, names), data={"classes": ["virginica", "setosa", "iris"]})
+    wrong = project(tmp_path / "wrong", model, table(features, names),
+                    data={"classes": ["virginica", "setosa", "iris"]})
     assert main(["validate", str(wrong)]) == 2
     assert said("'versicolor' are none of data.classes (virginica, setosa, iris)", capsys.readouterr().err)
     named = project(tmp_path / "named", model, table(features, names), data={"classes": order.tolist()})
@@ -403,7 +413,8 @@ def test_a_zipmap_of_minus_one_and_plus_one_is_read_through_its_keys(tmp_path, m
     classifier = LogisticRegression(max_iter=500).fit(features, labels)
     model = skl2onnx.to_onnx(classifier, features[:1], target_opset={"": 17, "ai.onnx.ml": 3})
     monkeypatch.chdir(tmp_path)
-    recipe = project(tmp_path, model, table(features, labels), model={"path": "model.onnx", "output": "output_probability"})
+    recipe = project(tmp_path, model, table(features, labels),
+                     model={"path": "model.onnx", "output": "output_probability"})
     results, _ = run_all(recipe, capsys)
     expected = float(np.mean(classifier.predict(features) == labels))
     assert 0.6 < expected < 1.0
@@ -443,7 +454,8 @@ def test_a_regression_with_three_targets_per_row(tmp_path, monkeypatch, capsys):
     targets = features @ weight + 0.1 * rng.normal(size=(ROWS, 3))
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 3])
-    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y], [numpy_helper.from_array(weight, "w")])
+    model = graph_model([helper.make_node("MatMul", ["x", "w"], ["y"])], [x], [y],
+                        [numpy_helper.from_array(weight, "w")])
     monkeypatch.chdir(tmp_path)
     recipe = project(tmp_path, model, table(features, targets), task="regression",
                      gate={"metric": "mae", "max_drop": 0.05, "max_slice_drop": 0.1})  # fmt: skip

@@ -18,7 +18,8 @@ from qbench.cli.app import main
 pytestmark = pytest.mark.slow
 
 skl2onnx = pytest.importorskip("skl2onnx")
-FP32_TWICE = [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]  # graphs of ai.onnx.ml nodes only: no int8 to build
+# graphs of ai.onnx.ml nodes only: no int8 to build
+FP32_TWICE = [{"name": "fp32", "precision": "fp32"}, {"name": "fp32-again", "precision": "fp32"}]
 
 
 def _convert(classifier, features: np.ndarray, zipmap: bool):
@@ -88,7 +89,8 @@ def test_data_classes_must_agree_with_the_classes_the_graph_states(tmp_path, mon
                         data={"classes": ["zeta", "mid", "alpha"]})  # fmt: skip
     assert main(["validate", str(reordered)]) == 2
     assert said("reordered/recipe.yaml: data.classes: output 'probabilities' names its own classes in the graph "
-                "(alpha, mid, zeta); expected data.classes left out, or equal to them", capsys.readouterr().err)  # fmt: skip
+                "(alpha, mid, zeta); expected data.classes left out, or equal to them",
+                capsys.readouterr().err)  # fmt: skip
     same = project(tmp_path / "same", model, table(features, labels), data={"classes": ["alpha", "mid", "zeta"]},
                    variants=FP32_TWICE)  # fmt: skip
     results, _ = run_all(same, capsys)

@@ -169,7 +169,8 @@ def _qa_model(vocabulary: int, token_types: bool = True):
         helper.make_node("Unsqueeze", ["pen", "axis2"], ["p3"]),
         helper.make_node("Add", ["m", "tw"], ["s0"]), helper.make_node("Add", ["s0", "p3"], ["s"]),
         helper.make_node("Split", ["s", "halves"], ["a", "b"], axis=2),
-        helper.make_node("Squeeze", ["a", "axis2"], ["start_logits"]), helper.make_node("Squeeze", ["b", "axis2"], ["end_logits"]),
+        helper.make_node("Squeeze", ["a", "axis2"], ["start_logits"]),
+        helper.make_node("Squeeze", ["b", "axis2"], ["end_logits"]),
     ]  # fmt: skip
     weights.append(numpy_helper.from_array(np.array([2], np.int64), "axis2"))
     if not token_types:  # token_type_ids: the mask times 0
@@ -177,7 +178,8 @@ def _qa_model(vocabulary: int, token_types: bool = True):
         nodes.insert(0, helper.make_node("Mul", ["attention_mask", "zero"], ["token_type_ids"]))
     names = ("input_ids", "attention_mask", "token_type_ids")[: 3 if token_types else 2]
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT64, [None, None]) for n in names]
-    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None]) for n in ("start_logits", "end_logits")]
+    outputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None, None])
+               for n in ("start_logits", "end_logits")]
     return graph_model(nodes, inputs, outputs, weights)
 
 
@@ -295,11 +297,13 @@ def _span_gate(reference: dict, variant: dict, feeds: dict):
     from qbench.recipe.spec import GateSpec
     from qbench.results.schema import SweepResults, VariantResult, from_dict, to_json
 
-    accuracy = [evaluate_accuracy("span", outputs, reference, None, {}, feeds=feeds) for outputs in (reference, variant)]
+    accuracy = [evaluate_accuracy("span", outputs, reference, None, {}, feeds=feeds)
+                for outputs in (reference, variant)]
     variants = tuple(VariantResult(variant=name, backend="onnxruntime-cpu", precision=name[:4], status="ok", accuracy=a)
                      for name, a in zip(("fp32", "int8-a"), accuracy))  # fmt: skip
     results = SweepResults(qbench_version="0", created_at="", recipe={"name": "qa"}, environment={}, calibration=None,
-                           evaluation_rows=accuracy[0].rows, gate_metric="f1", reference="fp32", variants=variants)  # fmt: skip
+                           evaluation_rows=accuracy[0].rows, gate_metric="f1", reference="fp32",
+                           variants=variants)  # fmt: skip
     return evaluate_gate(from_dict(json.loads(to_json(results))), GateSpec(metric="f1", unresolved="note")), accuracy[1]
 
 

@@ -68,7 +68,8 @@ def _segmentation_project(tmp_path, **changes):
                           "y": [row.tolist() for row in truth]})  # fmt: skip
     (tmp_path / "seg_metrics.py").write_text(METRIC_MODULE)
     recipe = {"task": "structured", "data": {"label": "y"},
-              "metrics": [{"name": "miou", "function": "seg_metrics:miou", "higher_is_better": True}], **changes}  # fmt: skip
+              "metrics": [{"name": "miou", "function": "seg_metrics:miou", "higher_is_better": True}],
+              **changes}  # fmt: skip
     return project(tmp_path, model, table, **recipe), images, truth
 
 
@@ -250,9 +251,10 @@ def test_a_detectors_boxes_and_scores_are_judged_together_by_one_metric_per_slic
          "metrics[0].outputs: expected a non-empty list of distinct output names"),
         ({"metrics": [{"name": "box_iou", "function": "det_metrics:box_iou", "higher_is_better": True},
                       {"name": "box_max", "function": "det_metrics:box_iou", "higher_is_better": True}]},
-         "recipe.yaml: gate.metric: not set, and task 'structured' evaluates several outputs (boxes, scores), each with "
-         "its own metrics named 'output/metric'; expected one of boxes/agreement, boxes/box_iou, boxes/box_max, "
-         "boxes/max_abs_error, scores/agreement, scores/box_iou, scores/box_max, scores/max_abs_error"),
+         "recipe.yaml: gate.metric: not set, and task 'structured' "
+         "evaluates several outputs (boxes, scores), each with its own metrics named 'output/metric'; expected one of "
+         "boxes/agreement, boxes/box_iou, boxes/box_max, boxes/max_abs_error, scores/agreement, scores/box_iou, "
+         "scores/box_max, scores/max_abs_error"),
     ],
 )  # fmt: skip
 def test_a_metric_naming_outputs_the_recipe_does_not_evaluate_is_refused(tmp_path, capsys, changes, message):

@@ -28,7 +28,8 @@ def test_every_registered_task_is_a_task_with_its_metrics_in_the_catalogue() -> 
 
 
 def test_unknown_and_structured_tasks_are_refused_clearly() -> None:
-    with pytest.raises(QbenchError, match=r"expected one of classification, embedding, multilabel, regression, span, structured \(did you mean 'multilabel'\?\)"):  # noqa: E501
+    with pytest.raises(QbenchError, match=r"expected one of classification, embedding, multilabel, regression, span, "
+                                          r"structured \(did you mean 'multilabel'\?\)"):  # noqa: E501
         get_task("multilable")
     with pytest.raises(QbenchError, match="task 'detection' is not supported"):
         get_task("detection")

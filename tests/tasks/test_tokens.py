@@ -289,7 +289,8 @@ def test_token_labels_in_a_csv_file_are_json_lists_as_the_inputs_are(
     _assert_fp32_token_accuracy(recipe, tmp_path, ids, labels, capsys)
 
 
-def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_recipe_without_token_labels_is_refused_naming_data_label(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     recipe, _, _ = _token_project(tmp_path)
     body = recipe.read_text().replace("  label: y\n", "")
     assert body != recipe.read_text()

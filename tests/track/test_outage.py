@@ -34,7 +34,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 
 def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture
 ) -> None:
     (tmp_path / "server").mkdir()
     url, server = start_mlflow_server(tmp_path / "server")
@@ -99,9 +100,11 @@ def test_a_tracking_server_dying_mid_sweep_costs_mlflow_not_the_measurements(
             child = by_key[variant.key]
             assert child.info.status == "FINISHED" and child.outputs.model_outputs
             assert child.data.metrics["agreement"] == variant.accuracy.overall.metrics["agreement"]
-        assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"recipe.yaml", "results.json", "report.md"}
+        assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"recipe.yaml", "results.json",
+                                                                               "report.md"}
         assert parent.info.run_name == f"fragile sweep {run_dir.name}"  # as the sweep named its run
-        assert not [key for key in parent.data.metrics if key.startswith("system/")]  # `qbench track`'s, not the sweep's
+        # `qbench track`'s, not the sweep's
+        assert not [key for key in parent.data.metrics if key.startswith("system/")]
         # the runs the sweep opened before the server died are ended FAILED, each pointing at the run holding the
         # results: the one it had logged completely (FINISHED, its model READY) too, else the UI shows it twice
         [left] = [r for r in client.search_runs([experiment_id], f"tags.`qbench.run_dir` = '{run_dir}'")

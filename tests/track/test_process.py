@@ -99,7 +99,8 @@ def test_the_sweeps_process_never_imports_mlflow_and_no_logging_runs_while_anyth
     assert [name for name, *_ in windows].count("measure_samples") == 2  # each variant's, after its cold start
     assert not overlapping(logged, windows)
     assert runs_by_name(recipe) == {f"tumour-mlp sweep {p.name}": "FINISHED" for p in (tmp_path / "reports" /
-                                    "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED", "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
+                                    "tumour-mlp").iterdir()} | {"fp32 · ort-cpu": "FINISHED",
+                                                                "fp16 · ort-cpu": "FINISHED"}  # fmt: skip
 
 
 def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_beside_a_timed_run(tmp_path: Path) -> None:
@@ -108,7 +109,8 @@ def test_a_variants_logging_runs_beside_the_next_ones_load_simulation_never_besi
     recipe = make_fp16_project(tmp_path)
     raw = yaml.safe_load(recipe.read_text())
     raw["latency"]["iterations"] = 100  # the fewest an `slo:` budget is judged from
-    # 200 req/s: each variant's idle starts are timed after 6 ms of idle (qbench.serving.idle_ms), at 20 req/s after 50 ms
+    # 200 req/s: each variant's idle starts are timed after 6 ms of idle (qbench.serving.idle_ms), at 20 req/s after 50
+    # ms
     raw["slo"] = {"p99_ms": 1000, "rate_rps": 200, "load": {"max_queue_delay_ms": 1, "requests": 200, "seed": 0}}
     recipe.write_text(yaml.safe_dump(raw, sort_keys=False))
     logged, windows = swept_with_records(tmp_path, recipe)

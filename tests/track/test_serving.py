@@ -48,7 +48,8 @@ def test_the_sweep_run_names_the_cheapest_variant_and_counts_distinct_inputs(mlf
     (tmp_path / "rows.parquet").write_bytes(b"rows")
     body = {"name": "priced", "model": {"path": "model.onnx"},
             "data": {"path": "rows.parquet", "inputs": {"x": "input"}, "label": "y"},
-            "gate": {"metric": "accuracy", "max_drop": 0.05}, "tracking": {"uri": mlflow_server, "experiment": "priced"}}
+            "gate": {"metric": "accuracy", "max_drop": 0.05},
+            "tracking": {"uri": mlflow_server, "experiment": "priced"}}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(body))
     recipe = load_recipe(tmp_path / "recipe.yaml")
     fp32 = _priced("fp32", "fp32", 30.0, 0.10, 50.0)

@@ -26,7 +26,8 @@ def test_samples_are_steps_in_time_order_named_as_mlflows() -> None:
     assert sampler.finish() == []
 
 
-def test_the_store_gets_system_metrics_once_when_the_sweep_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_gets_system_metrics_once_when_the_sweep_ends(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """While the sweep runs (and its latency is timed), sampling writes nothing to the store; the parent run gets
     every sample when the sweep ends, however it ends."""
     monkeypatch.chdir(tmp_path)

@@ -37,7 +37,8 @@ def test_a_database_error_mlflow_rewraps_is_named_by_its_reason() -> None:
         except OperationalError as exc:
             raise MlflowException(message=exc) from exc  # as MLflow's session wrapper (mlflow.store.db.utils) does
     except MlflowException as wrapped:
-        assert store_failure("sqlite:///m.db", wrapped) == "MLflow tracking at sqlite:///m.db failed: database or disk is full"
+        assert store_failure("sqlite:///m.db", wrapped) == ("MLflow tracking at sqlite:///m.db "
+                                                            "failed: database or disk is full")
 
 
 def _schema_and_version(database: Path) -> tuple[list[tuple[str, str, list[str]]], list[tuple[str, ...]]]:

@@ -120,7 +120,8 @@ def test_default_store_is_sqlite_in_the_working_directory(logged_to_sqlite: Logg
 def test_parent_run_has_params_tags_and_artifacts(logged_to_sqlite: Logged) -> None:
     client, results, gate = logged_to_sqlite.client, logged_to_sqlite.results, logged_to_sqlite.gate
     parent = client.get_run(logged_to_sqlite.parent_id)
-    assert parent.info.run_name == f"digits sweep {logged_to_sqlite.folder.name}"  # as the sweep of that folder names it
+    # as the sweep of that folder names it
+    assert parent.info.run_name == f"digits sweep {logged_to_sqlite.folder.name}"
     assert not [key for key in parent.data.metrics if key.startswith("system/")]  # the logging's, not the sweep's
     assert parent.info.status == "FINISHED"
     params = parent.data.params
@@ -446,7 +447,8 @@ def test_the_sweep_run_records_system_metrics(tracked_sweep: TrackedSweep) -> No
     metrics = tracked_sweep.parent.data.metrics
     assert 0 <= metrics["system/cpu_utilization_percentage"] <= 100
     assert metrics["system/system_memory_usage_megabytes"] > 0
-    history = tracked_sweep.client.get_metric_history(tracked_sweep.parent.info.run_id, "system/cpu_utilization_percentage")
+    history = tracked_sweep.client.get_metric_history(tracked_sweep.parent.info.run_id,
+                                                      "system/cpu_utilization_percentage")
     assert len(history) >= 2  # sampled through the sweep, not once
 
 
@@ -476,7 +478,8 @@ def test_a_server_that_answers_health_but_fails_every_call_is_one_error_after_a_
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+    for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
     try:
         uri = f"http://127.0.0.1:{server.server_address[1]}"
@@ -538,7 +541,8 @@ def test_a_new_sweep_ends_the_runs_a_killed_sweep_left_running(tmp_path: Path, m
     newest.abort("KILLED", "test over")
 
 
-def test_each_variant_run_carries_the_gate_notes_that_concern_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_variant_run_carries_the_gate_notes_that_concern_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The gate's notes reached MLflow only inside report.md: a variant's run said pass and nothing of, e.g., an
     output it broke that the gate does not judge. Each run now has its verdict, its own notes and those about the
     results as a whole; a variant not gated only what names it; the sweep's run every note, cut to MLflow's limit."""

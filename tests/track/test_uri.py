@@ -64,8 +64,8 @@ def test_a_server_reached_with_a_password_in_its_uri_or_behind_an_auth_proxy_ans
     """The fail-fast probe sent `http://ci:s3cret@host/health` to a host named `ci:s3cret@host` and refused a server
     MLflow's client reaches with those credentials as one that "does not answer", printing the password; a proxy
     answering 403 to a request without credentials was "does not answer (HTTP Error 403)"; start it". A client error
-    status is now an answer (the refusal of MLflow's own calls is MLflow's error, naming the status), and a server that does
-    not answer is named without the password."""
+    status is now an answer (the refusal of MLflow's own calls is MLflow's error, naming the status), and a server that
+    does not answer is named without the password."""
     with_password = mlflow_server.replace("http://", "http://ci:s3cret@")
     check_reachable(with_password)
     with refusing_proxy(mlflow_server, refuse_from="/") as proxy:

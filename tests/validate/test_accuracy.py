@@ -345,10 +345,12 @@ def test_a_single_score_split_by_its_values_into_one_class_while_labels_hold_two
                            "[0.01, 0.3])")  # fmt: skip
     [line] = one_class_readings("classification", {"s": scores * 10 + 1}, {"s": None}, set(), labels).values()
     assert "read as a logit and split at 0, puts every one of 4 evaluation rows in class 1" in line
-    assert one_class_readings("classification", {"score": scores}, {"score": None}, {"score"}, labels) == {}  # graph's cut
+    # graph's cut
+    assert one_class_readings("classification", {"score": scores}, {"score": None}, {"score"}, labels) == {}
     assert one_class_readings("classification", {"score": scores}, {"score": True}, set(), labels) == {}  # a Sigmoid's
     assert one_class_readings("classification", {"score": scores}, {"score": None}, set(), np.zeros(4, int)) == {}
-    assert one_class_readings("classification", {"score": scores * 3}, {"score": None}, set(), labels) == {}  # 0.9 > 0.5
+    # 0.9 > 0.5
+    assert one_class_readings("classification", {"score": scores * 3}, {"score": None}, set(), labels) == {}
     assert one_class_readings("classification", {"score": scores}, {"score": None}, set(), None) == {}
     assert one_class_readings("regression", {"score": scores}, {"score": None}, set(), labels) == {}
     assert one_class_readings("classification", {"p": np.hstack([scores, 1 - scores])}, {"p": None}, set(), labels) == {}

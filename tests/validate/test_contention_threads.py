@@ -72,4 +72,5 @@ def test_a_quota_above_the_affinity_cpus_is_not_what_the_threads_outnumbered():
     latency = replace(make_latency({1: 1.0}, threads=5), machine=wide)
     assert oversubscribed(latency) == "5 threads on 2 usable CPUs (affinity 2, cgroup quota 4.00 CPUs)"
     assert "the threads took turns on the CPUs" in oversubscription_note(latency)
-    assert oversubscription_note(latency).endswith("set latency.threads to at most 2, or time it where 5 CPUs are allowed")
+    assert oversubscription_note(latency).endswith("set latency.threads to at most 2, "
+                                                   "or time it where 5 CPUs are allowed")

@@ -67,7 +67,8 @@ def test_every_class_masked_with_minus_inf_on_every_row_stops_the_dry_run_in_one
         dry_run(prepared, get_backend("onnxruntime-cpu"))
     message = str(caught.value)
     assert message.startswith(f"{tmp_path / 'recipe.yaml'}: model.path: output 'logits' of the FP32 model is -inf at "
-                              "the same 4 of its 4 values per row (flat positions 0, 1, 2, 3) on every evaluation row")  # fmt: skip
+                              "the same 4 of its 4 values per row (flat "
+                              "positions 0, 1, 2, 3) on every evaluation row")  # fmt: skip
     assert "expected finite outputs: fill the mask with a finite value (float32's minimum, -3.4e38)" in message
     assert "\n" not in message
 

@@ -84,7 +84,8 @@ def test_a_class_score_beyond_fp16_is_no_failure_a_regression_value_is():
     regression = evaluate_accuracy("regression", outputs, reference, None, {}, precision="fp16")
     assert regression.nonfinite_outputs == 1 and regression.overall.metrics["max_abs_error"] == math.inf
     notes = beyond_range_notes("classification", {"y": outputs}, {"y": reference}, "fp16")
-    assert len(notes) == 1 and notes[0].startswith("output 'y': 1 row hold -inf/+inf scores where FP32's score is beyond")
+    assert len(notes) == 1 and notes[0].startswith("output 'y': 1 row hold -inf/+inf "
+                                                   "scores where FP32's score is beyond")
     assert beyond_range_notes("regression", {"y": outputs}, {"y": reference}, "fp16") == []
 
 

@@ -138,8 +138,9 @@ def test_a_slow_batch_at_the_end_of_a_run_its_batches_bound_above_the_rate_is_no
 
 
 def test_the_capacity_bounds_by_hand():
-    """40 batches: 30 of 4 rows in 2 ms and 10 of 2 rows in 1.5 ms. The largest 30 (4 rows) bound it from below: 120 rows in 60 ms, every residual 4 - 2 x 2 = 0, so exactly 2 rows per ms, 2,000 req/s; the full batches
-    (4 rows) taken without idling, the same from above."""
+    """40 batches: 30 of 4 rows in 2 ms and 10 of 2 rows in 1.5 ms. The largest 30 (4 rows) bound it from below: 120
+    rows in 60 ms, every residual 4 - 2 x 2 = 0, so exactly 2 rows per ms, 2,000 req/s; the full batches (4 rows) taken
+    without idling, the same from above."""
     sizes = np.array([4] * 30 + [2] * 10)
     works = np.array([2.0] * 30 + [1.5] * 10)
     arrivals = np.arange(100) * 0.5

@@ -124,10 +124,10 @@ def test_a_class_of_tokens_counts_its_rows_as_its_draws():
 def test_a_token_class_is_kept_row_by_row_so_one_long_row_cannot_outweigh_the_rest():
     """Class 1 in 5 rows: row 20 holds 20 of its 24 tokens, rows 21-24 one each; class 0: 5 tokens in each of rows
     0-19, one token changed in rows 0-4 (5 of 100). On a share of tokens, losing the class on row 20 alone (4 of 5
-    rows kept) breached (4 of 24 tokens kept, counted as 5 rows lost: chance 2 x 0.05^5 = 6.3e-7), while losing it on rows 21-24 (1
-    of 5 rows kept) passed (20 of 24 tokens kept): the variant that lost more rows fared better. A row is the unit:
-    the first keeps 4 of 5 rows; the second keeps 1, and losing 4 of 5 rows at the 5 % its other class changes is
-    2 x (5 x 0.05^4 x 0.95 + 0.05^5) = 6.0e-5 (2 classes judged)."""
+    rows kept) breached (4 of 24 tokens kept, counted as 5 rows lost: chance 2 x 0.05^5 = 6.3e-7), while losing it on
+    rows 21-24 (1 of 5 rows kept) passed (20 of 24 tokens kept): the variant that lost more rows fared better. A row is
+    the unit: the first keeps 4 of 5 rows; the second keeps 1, and losing 4 of 5 rows at the 5 % its other class
+    changes is 2 x (5 x 0.05^4 x 0.95 + 0.05^5) = 6.0e-5 (2 classes judged)."""
     reference = np.r_[[0] * 100, [1] * 20, [1] * 4]
     rows = np.r_[np.repeat(np.arange(20), 5), [20] * 20, np.arange(21, 25)]
     noisy = reference.copy()

@@ -179,7 +179,8 @@ def test_batcher_samples_gather_the_rows_and_time_idle_batches_from_when_the_tim
     assert [len(feeds["x"]) for feeds in seen] == [1] * 3 + [4] * 3
     for name, expected in take_batch(FEEDS, 4).items():
         np.testing.assert_array_equal(seen[-1][name], expected)
-    assert all(value >= 1.0 for value in samples.idle_ms.values())  # timed from when the 2 ms idling was due: the 1 ms run at least
+    # timed from when the 2 ms idling was due: the 1 ms run at least
+    assert all(value >= 1.0 for value in samples.idle_ms.values())
     with pytest.raises(QbenchError, match="iterations"):
         measure_batcher_samples(_SleepyRunner(), FEEDS, [1], iterations=0, idle_ms=1.0)
 
@@ -283,7 +284,8 @@ ROWS = {"x": np.arange(10, dtype=np.float32)[:, None]}
 
 
 def test_timed_runs_rotate_over_the_evaluation_rows_the_same_way_for_every_variant() -> None:
-    """Not the first row repeated: every row is timed, in one fixed order whichever runner (FP32, a variant) is timed."""
+    """Not the first row repeated: every row is timed, in one fixed order whichever runner (FP32, a variant) is
+    timed."""
     first, second = _Feeding(), _Feeding()
     (point,) = measure_steady_state(first, ROWS, [1], warmup=0, iterations=10)
     measure_steady_state(second, ROWS, [1], warmup=0, iterations=10)

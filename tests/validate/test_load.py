@@ -40,8 +40,8 @@ def test_mean_wait_matches_md1(rho):
 
 
 def md1_wait_cdf(t_ms: float, rate_per_ms: float, service_ms: float) -> float:
-    """P(wait <= t) in M/D/1 (Erlang, Crommelin): (1 - rho) sum_{k=0}^{floor(t/D)} (lam (kD - t))^k / k! e^{-lam (kD - t)}.
-    The terms alternate in sign and grow large: summed in 80-digit decimals."""
+    """P(wait <= t) in M/D/1 (Erlang, Crommelin): (1 - rho) sum_{k=0}^{floor(t/D)} (lam (kD - t))^k / k! e^{-lam (kD -
+    t)}. The terms alternate in sign and grow large: summed in 80-digit decimals."""
     with localcontext() as ctx:
         ctx.prec = 80
         lam, d, t = Decimal(rate_per_ms), Decimal(service_ms), Decimal(t_ms)
@@ -244,7 +244,8 @@ def test_measured_idle_service_times_are_drawn_for_idle_starts_only():
     assert service.service_ms(2, 0.0) == pytest.approx(2.0)
     assert service.service_ms(2, 0.0, idle=True) == pytest.approx(4.0)
     assert service.service_ms(4, 0.9, idle=True) == 6.0
-    assert MeasuredServiceTimes({1: np.array([1.0])}).service_ms(1, 0.5, idle=True) == 1.0  # none measured: back to back
+    # none measured: back to back
+    assert MeasuredServiceTimes({1: np.array([1.0])}).service_ms(1, 0.5, idle=True) == 1.0
     with pytest.raises(QbenchError, match=r"idle service times are for batch sizes \[1\], expected \[1, 4\]"):
         MeasuredServiceTimes({1: np.array([1.0]), 4: np.array([4.0])}, {1: np.array([3.0])})
 

@@ -68,7 +68,8 @@ def test_a_round_that_would_pass_the_batch_budget_is_not_run(caplog):
     assert capped.requests == 5000 and capped.undecided and capped.batches <= 100_000
     [logged] = [r.getMessage() for r in caplog.records if r.name == "qbench.validate.load_search"]
     assert logged.endswith("is not settled at 5,000 simulated requests, the most 100,000 simulated batches allow "
-                           f"(timings too noisy to place the edge): claimed {capped.max_rate_rps:,.0f} req/s")  # fmt: skip
+                           "(timings too noisy to place the edge): "
+                           f"claimed {capped.max_rate_rps:,.0f} req/s")  # fmt: skip
 
 
 @pytest.mark.parametrize(("rates", "claimed"), [((100.0, 90.0, 120.0), 90.0), ((100.0, None, 120.0), None)])

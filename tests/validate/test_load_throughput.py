@@ -29,7 +29,8 @@ def test_a_batcher_of_32_is_credited_with_batch_32s_throughput_where_batch_8s_is
     assert capacity_rps(service, 32) == pytest.approx(4000.0)
     assert capacity_rps(service, 8) == pytest.approx(8000.0)
     assert throughput_falls(service, 32) and not throughput_falls(service, 8)
-    assert not throughput_falls(FixedServiceTime(0.5, 0.1, max_batch_size=32), 32)  # a fixed cost per call: batching helps
+    # a fixed cost per call: batching helps
+    assert not throughput_falls(FixedServiceTime(0.5, 0.1, max_batch_size=32), 32)
     replay = LoadReplay(service, Batcher(32, 2.0), Draws.make(5000, seed=0))
     for rate in (4500.0, 6000.0):  # batches of 8 would serve it; a saturated batcher of 32 forms 32s and falls behind
         stats = replay.at(rate)

@@ -143,7 +143,8 @@ def _project(root: Path) -> tuple[Path, np.ndarray, np.ndarray, np.ndarray]:
                   "split": split}).to_parquet(root / "rows.parquet")  # fmt: skip
     recipe = {"name": "masked", "task": "classification", "model": {"path": "model.onnx"},
               "data": {"path": "rows.parquet", "inputs": {"x": "x", "category": "category"}, "label": "y",
-                       "slices": [{"by": "kind"}], "calibration": {"filter": {"split": "calib"}, "samples": CALIBRATION},
+                       "slices": [{"by": "kind"}], "calibration": {"filter": {"split": "calib"},
+                                                                   "samples": CALIBRATION},
                        "evaluation": {"filter": {"split": "eval"}}},
               "variants": [{"name": "fp16", "precision": "fp16"},
                            {"name": "int8", "precision": "int8", "calibrator": "minmax"}],

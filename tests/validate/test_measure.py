@@ -158,7 +158,8 @@ def test_a_variant_whose_rows_follow_their_batch_is_judged_also_at_the_batch_siz
     judged = [note for note in notes if note.startswith("rows depend on their batch")]
     assert len(judged) == 1 and "accuracy judged in 3 batch arrangements" in judged[0]  # fmt: skip
     assert "batches of 50, in the evaluation rows' order" in judged[0] and "batches of 8, rows in a seeded mix" in judged[0]
-    assert not any("depend on their batch" in note for note in measure(backend, static, prepared, reference=reference).result.notes)
+    assert not any("depend on their batch" in note
+                   for note in measure(backend, static, prepared, reference=reference).result.notes)
 
 
 def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_path, caplog):
@@ -174,7 +175,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
     weight = numpy_helper.from_array(np.full((4, 1), 0.25, np.float32), "w")
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["score"])], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
-                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])], [weight])  # fmt: skip
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 1])],
+                              [weight])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8),
               str(tmp_path / "m.onnx"))  # fmt: skip
     features = np.random.default_rng(2).uniform(size=(40, 4)).astype(np.float32)
@@ -190,7 +192,8 @@ def test_fp32_warns_when_its_values_contradict_the_graphs_word_on_the_scale(tmp_
         assert not caplog.records
         measure(backend, _fp32(prepared), prepared)
     [record] = caplog.records
-    assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': the graph makes it with a linear layer")
+    assert record.getMessage().startswith("fp32@onnxruntime-cpu: output 'score': "
+                                          "the graph makes it with a linear layer")
 
 
 def _served_at_any_rate(monkeypatch) -> list[float]:
@@ -216,8 +219,9 @@ def _served_at_any_rate(monkeypatch) -> list[float]:
 
 def test_a_sweep_measurement_times_idle_starts_and_simulates_load_with_them(prepared, monkeypatch):
     """With `slo:` the sweep's measurement also times batches served from idle (after the budget rate's mean arrival
-    gap plus the queue delay, within [1, 50] ms: 100 + 2 ms at 10 req/s, so 50 ms) and the load simulation charges them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay
-    alone, then 40 ms from idle, so its latency is about 42 ms (back to back the model takes a fraction of a ms)."""
+    gap plus the queue delay, within [1, 50] ms: 100 + 2 ms at 10 req/s, so 50 ms) and the load simulation charges
+    them: at 10 req/s with a 2 ms queue delay nearly every request waits the delay alone, then 40 ms from idle, so its
+    latency is about 42 ms (back to back the model takes a fraction of a ms)."""
     import dataclasses
 
     import qbench.validate.measure as measure_module

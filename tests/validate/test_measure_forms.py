@@ -130,7 +130,8 @@ def test_a_skipped_or_failed_torch_result_names_no_onnx_file_and_carries_only_th
     """A torch backend never runs the ONNX file: a result that did not run records no model, as one that ran records
     the module, and none of the graph's params; the ONNX Runtime result of the same build names its file."""
     torch_cpu, ort = get_backend("torch-cpu"), get_backend("onnxruntime-cpu")
-    static = VariantSpec(name="static", precision="int8", calibrator="minmax")  # a Q/DQ model only: no torch form, skipped
+    # a Q/DQ model only: no torch form, skipped
+    static = VariantSpec(name="static", precision="int8", calibrator="minmax")
     built = build_variant(static, BuildContext(prepared.source.onnx_path, tmp_path, prepared.calibration_batches))
     skipped = measure(torch_cpu, attach_torch_form(built, static, ModuleSource(LinearThenMatmul())), prepared,
                       quiet=True)  # fmt: skip

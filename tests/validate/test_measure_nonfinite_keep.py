@@ -40,7 +40,8 @@ def _project(root: Path, *, reads_nan: bool) -> tuple[Path, pd.DataFrame]:
     x = rng.normal(size=(ROWS, 3)).astype(np.float32)
     x[rng.random(ROWS) < 0.6, 1] = np.nan
     table = pd.DataFrame({"x": list(x), "y": np.argmax(np.nan_to_num(x) @ weights, axis=1),
-                          "kind": ["a", "b"] * (ROWS // 2), "split": ["calib"] * CALIBRATION + ["eval"] * (ROWS - CALIBRATION)})  # fmt: skip
+                          "kind": ["a", "b"] * (ROWS // 2),
+                          "split": ["calib"] * CALIBRATION + ["eval"] * (ROWS - CALIBRATION)})  # fmt: skip
     table.to_parquet(root / "rows.parquet")
     recipe = {
         "name": "gaps", "task": "classification", "model": {"path": "m.onnx"},
@@ -50,7 +51,8 @@ def _project(root: Path, *, reads_nan: bool) -> tuple[Path, pd.DataFrame]:
         "variants": [{"name": "fp16", "precision": "fp16"}],
         "latency": {"batch_sizes": [1], "warmup": 1, "iterations": 3, "threads": 1}, "analysis": {"ranges": False},
         "gate": {"metric": "accuracy", "max_drop": 0.5, "max_slice_drop": 0.5},
-        "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}", "experiment": "gaps"}, "output_dir": "reports",
+        "tracking": {"uri": f"sqlite:///{(root / 'mlflow.db').as_posix()}", "experiment": "gaps"},
+        "output_dir": "reports",
     }  # fmt: skip
     (root / "recipe.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return root / "recipe.yaml", table
@@ -76,7 +78,8 @@ def test_a_model_reading_nan_is_judged_on_every_row_with_the_missing_rows_apart(
     assert main(["gate", str(recipe_path)]) == 0  # the gate re-derives the missing slice and the counts
 
 
-def test_a_model_giving_nan_on_nan_inputs_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_model_giving_nan_on_nan_inputs_is_refused_in_one_line(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     recipe_path, _ = _project(tmp_path, reads_nan=False)
     assert main(["validate", str(recipe_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]

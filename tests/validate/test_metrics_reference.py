@@ -68,7 +68,8 @@ def test_kl_of_probabilities_is_scipys_on_the_clipped_distributions_and_never_a_
     for rng, rows, classes in _cases(3):
         p = special.softmax(rng.normal(size=(rows, classes)) * 3, axis=1).astype(np.float32)
         q = special.softmax(rng.normal(size=(rows, classes)) * 3, axis=1).astype(np.float32)
-        clipped_p, clipped_q = (np.clip(x / x.sum(axis=1, keepdims=True), 1e-12, 1) for x in (p.astype(float), q.astype(float)))
+        clipped_p, clipped_q = (np.clip(x / x.sum(axis=1, keepdims=True), 1e-12, 1)
+                                for x in (p.astype(float), q.astype(float)))
         expected = special.rel_entr(clipped_p, clipped_q).sum(axis=1)
         np.testing.assert_allclose(metrics.kl_rows(p, q), expected, rtol=1e-6, atol=1e-12)
 

@@ -175,5 +175,6 @@ def test_a_tensor_whose_width_changes_between_batches_is_refused_not_zero_filled
     """Zero-filled to the widest batch, a missing value (a detection a batch did not keep) read as a value of 0, and
     a variant dropping it agreed with FP32 there; only a sequence of class maps is widened so."""
     with pytest.raises(QbenchError, match=r"output 'top' gave rows of shape \[3\] in one batch and \[1\] in an earlier "
-                                          r"one: its rows must have one shape; qbench compares outputs row by row"):  # fmt: skip
+                                          r"one: its rows must have one shape; "
+                                          r"qbench compares outputs row by row"):  # fmt: skip
         run_outputs(_ComputedWidth(), {"x": np.arange(4, dtype=np.float32)}, 2, {"top": 0})

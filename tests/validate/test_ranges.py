@@ -201,7 +201,8 @@ def test_analyse_ranges_sees_the_tensors_after_a_fused_contrib_operator(tmp_path
     analysis = analyse_ranges(fused_model(tmp_path / "fused.onnx"), {"x": x}, {}, batch_size=4, variants=[variant])
     assert analysis.abs_max["overall"]["normed"] == pytest.approx(float(np.abs(normed).max()), rel=1e-4)
     records = {r.scope: r for r in analysis.clipping}
-    assert (records["overall"].clipped, records["overall"].values) == (int(np.count_nonzero(np.abs(normed) > 1.0)), normed.size)
+    assert (records["overall"].clipped, records["overall"].values) == (int(np.count_nonzero(np.abs(normed) > 1.0)),
+                                                                       normed.size)
 
 
 def to_json_with(analysis) -> str:
@@ -388,7 +389,8 @@ def test_tensors_the_fp16_variant_keeps_or_clamps_harmlessly_are_not_reported_as
     checks = limit_checks(abs_max, nodes, [], handled)
     fp16 = next(c for c in checks if c.format == "fp16")
     assert [(p.tensor, p.handled) for p in fp16.over["kind=hot"]] == [
-        ("mask", "half clamps or overflows it harmlessly"), ("x", "half keeps it in FP32"), ("logits", None)]  # fmt: skip
+        ("mask", "half clamps or overflows it harmlessly"), ("x", "half keeps it in FP32"),
+        ("logits", None)]  # fmt: skip
     bf16 = next(c for c in checks if c.format == "bf16")
     assert all(p.handled is None for peaks in bf16.over.values() for p in peaks)
     analysis = RangeAnalysis(rows=4, seconds=0.1, nodes=nodes, abs_max=abs_max, limits=checks)

@@ -49,7 +49,8 @@ def test_logits_stay_logits_when_a_few_rows_look_like_distributions() -> None:
     logits[:19] = _probabilities(19, 3, seed=4)
     assert not metrics.looks_like_probabilities(logits)
     assert read_scale(logits, None).why == ("the graph does not say and only 19 of 40 finite, non-zero FP32 rows are "
-                                            "non-negative and sum to 1 within 0.001 (a majority would read as probabilities)")  # fmt: skip
+                                            "non-negative and sum to 1 within 0.001 "
+                                            "(a majority would read as probabilities)")  # fmt: skip
 
 
 def test_the_graph_decides_several_sigmoid_columns_are_probabilities() -> None:

@@ -60,7 +60,8 @@ def test_a_server_that_falls_behind_is_overloaded_even_when_the_short_run_meets_
 
 def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meets_the_budget():
     """A server meeting the budget only up to 1,000 req/s: the rate claimed is at most that, within 10 % of it (stepped
-    down, then bisected), and never above the simulated rate it started from; none is claimed when no run within MAX_RUNS passes."""
+    down, then bisected), and never above the simulated rate it started from; none is claimed when no run within
+    MAX_RUNS passes."""
 
     def server(rate, overhead_ms, budget_ms):
         return LoadStats(rate, 500, 1.0, 2.0, 5.0 if rate <= 1000 else 50.0, 1.0, 0.1, 1.0, rate, overloaded=False)
@@ -220,10 +221,10 @@ class PaddedRecordingRunner:
 
 
 def test_a_padded_text_model_is_served_every_timed_row_each_batch_at_its_own_longest_row(tmp_path):
-    """64 texts of 1-16 tokens padded `longest` (to 16), batches of up to 8: the real server's requests are every row the
-    timed batches hold, and each batch runs at its own longest row, as a server padding each batch runs it and as the
-    batches were timed (it served the 8 rows of the first timed batch only, at that batch's one length: a mix of short
-    queries and long documents was served as one length, never as its traffic)."""
+    """64 texts of 1-16 tokens padded `longest` (to 16), batches of up to 8: the real server's requests are every row
+    the timed batches hold, and each batch runs at its own longest row, as a server padding each batch runs it and as
+    the batches were timed (it served the 8 rows of the first timed batch only, at that batch's one length: a mix of
+    short queries and long documents was served as one length, never as its traffic)."""
     from qbench.data.text import Padding
     from qbench.recipe.spec import load_recipe
     from qbench.serving import server_for

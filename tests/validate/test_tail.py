@@ -37,7 +37,8 @@ def test_the_lower_bound_leaves_the_worst_cycle_out_by_hand():
     spread = (11 * (28 / 39) ** 2 + 28 * (11 / 39) ** 2) / 38
     assert bound.lower == pytest.approx(11 / 39 - Z99 * math.sqrt(spread / 39), rel=1e-6)
     assert bound.verdict(0.1) is Verdict.FAIL and bound.verdict(0.2) is Verdict.UNDECIDED
-    few = tail_share_bound(np.where(np.arange(40) < 10, 8.0, 2.0), np.arange(40), 5.0)  # nine left once the worst is out
+    # nine left once the worst is out
+    few = tail_share_bound(np.where(np.arange(40) < 10, 8.0, 2.0), np.arange(40), 5.0)
     assert few.share == 0.25 and few.lower == 0.0 and few.verdict(0.01) is Verdict.UNDECIDED
 
 

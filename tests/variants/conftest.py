@@ -166,8 +166,8 @@ MOVING_KERNELS = {"QLinearConcat", "QLinearWhere"}
 
 
 def ort_integer_kernels(path: Path, tmp_path: Path) -> int:
-    """How many nodes of the graph ONNX Runtime's CPU provider runs (subgraphs' included) are integer kernels that compute, optimised at
-    the level the sweep runs an INT8 variant (all optimisations, ONNX Runtime's default)."""
+    """How many nodes of the graph ONNX Runtime's CPU provider runs (subgraphs' included) are integer kernels that
+    compute, optimised at the level the sweep runs an INT8 variant (all optimisations, ONNX Runtime's default)."""
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.optimized_model_filepath = str(tmp_path / "optimized.onnx")

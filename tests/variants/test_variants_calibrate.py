@@ -115,7 +115,8 @@ def test_a_calibrator_registered_after_import_calibrates_by_its_onnxruntime_meth
     CALIBRATORS.register("p99", Calibrator("p99", ("int8",), ("percentile", "num_bins"), "Percentile"))
     assert _amax(path, batches, "absmax", tmp_path / "a") == _amax(path, batches, "minmax", tmp_path / "m")
     tail = {"percentile": 99.0, "num_bins": 512}
-    assert _amax(path, batches, "p99", tmp_path / "p", **tail) == _amax(path, batches, "percentile", tmp_path / "q", **tail)
+    assert _amax(path, batches, "p99", tmp_path / "p", **tail) == _amax(path, batches, "percentile",
+                                                                        tmp_path / "q", **tail)
     assert _amax(path, batches, "p99", tmp_path / "p", **tail) < _amax(path, batches, "absmax", tmp_path / "a")
     settings = CalibrationSettings(method="p99", percentile=99.0, num_bins=512)
     assert settings.params() == {"calibrator": "p99", "calibration_symmetric": False, "num_bins": 512,
@@ -169,7 +170,8 @@ def test_untyped_tensors_contrib_ops_and_subgraphs_keep_the_symbolic_pass(graph,
     reshaped = helper.make_model(helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "g",
                                                    [x, shape], [y]))  # fmt: skip
     assert typed_by_onnx_inference(reshaped) is None
-    fused = helper.make_model(helper.make_graph([helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft")],
+    fused = helper.make_model(helper.make_graph([helper.make_node("FusedGemm", ["x", "x"], ["y"],
+                                                                  domain="com.microsoft")],
                                                 "g", [x], [y]),
                               opset_imports=[helper.make_opsetid("", 17),
                                              helper.make_opsetid("com.microsoft", 1)])  # fmt: skip
@@ -178,7 +180,8 @@ def test_untyped_tensors_contrib_ops_and_subgraphs_keep_the_symbolic_pass(graph,
                                [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])])  # fmt: skip
     cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
     branched = helper.make_model(helper.make_graph(
-        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g", [x, cond], [y]))  # fmt: skip
+        [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)], "g", [x, cond],
+        [y]))  # fmt: skip
     assert typed_by_onnx_inference(branched) is None
     assert isinstance(typed_by_onnx_inference(onnx.load(str(_plain_matmul(graph, tmp_path)))), onnx.ModelProto)
 
@@ -350,7 +353,8 @@ def test_pre_processing_a_model_over_protobufs_limit_writes_its_weights_beside_i
 
 
 @pytest.mark.parametrize(("named", "in_workdir", "saves"), [(True, True, 0), (False, True, 1), (True, False, 1)])
-def test_a_model_already_in_normal_form_is_calibrated_from_its_own_file(tmp_path, monkeypatch, named, in_workdir, saves):
+def test_a_model_already_in_normal_form_is_calibrated_from_its_own_file(tmp_path, monkeypatch, named,
+                                                                        in_workdir, saves):
     """compute_ranges loaded the model and saved it again to calibrate the copy: a full write of the weights (and the
     model held in memory through the calibration) for the file every INT8/FP8 build has just pre-processed into its
     scratch folder. Such a file is calibrated as it is; one with an unnamed node is still saved named, and one

@@ -61,11 +61,13 @@ def test_fp16_of_a_dynamo_export_without_its_optimizer_matches_torch(tmp_path):
                       dynamic_shapes={"x": {0: batch}})  # fmt: skip
     exported = onnx.load(str(path))
     assert any(a.name == "value_float" for node in exported.graph.node if node.op_type == "Constant"
-               for a in node.attribute), "the export no longer writes a value_float Constant: the case is gone"  # fmt: skip
+               for a in node.attribute), ("the export no longer writes a "
+                                          "value_float Constant: the case is gone")  # fmt: skip
     x = torch.randn(5, 6)
     with torch.no_grad():
         expected = module(x).numpy()
-    built = build_fp16(VariantSpec(name="half", precision="fp16"), BuildContext(reference_path=path, workdir=tmp_path / "w"))
+    built = build_fp16(VariantSpec(name="half", precision="fp16"),
+                       BuildContext(reference_path=path, workdir=tmp_path / "w"))
     session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
     output = session.run(None, {"x": x.numpy()})[0]
     error = np.abs(output - expected).max() / np.abs(expected).max()

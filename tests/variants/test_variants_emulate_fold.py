@@ -25,7 +25,8 @@ def _conv_bn(rng: np.random.Generator, bias: bool, extra_reader: bool = False) -
     """x [N, 3, 12, 12] -> Conv(3x3, pad 1) -> BatchNormalization -> Relu -> y (and, with `extra_reader`, the Conv's
     output as a second graph output through an Identity)."""
     weights = {"W": rng.normal(0, 0.4, (OUT, CHANNELS, 3, 3)), "scale": rng.uniform(0.5, 3, OUT),
-               "shift": rng.normal(0, 0.3, OUT), "mean": rng.normal(0, 0.5, OUT), "var": rng.uniform(0.05, 2, OUT)}  # fmt: skip
+               "shift": rng.normal(0, 0.3, OUT), "mean": rng.normal(0, 0.5, OUT),
+               "var": rng.uniform(0.05, 2, OUT)}  # fmt: skip
     if bias:
         weights["B"] = rng.normal(0, 0.2, OUT)
     nodes = [helper.make_node("Conv", ["x", "W", *(["B"] if bias else [])], ["c"], name="conv", pads=[1] * 4),

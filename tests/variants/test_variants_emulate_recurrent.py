@@ -46,7 +46,8 @@ def _recurrent_model(kind: str, direction: str = "forward", layout: int = 0, ini
     x_shape = [BATCH, STEPS, INPUT] if layout else [STEPS, BATCH, INPUT]
     graph = helper.make_graph(
         [node], "recurrent", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None] * (4 if name == "Y" else 3)) for name in outputs],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None] * (4 if name == "Y" else 3))
+         for name in outputs],
         [numpy_helper.from_array(value.astype(np.float32), name) for name, value in weights.items()],
     )  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=10)

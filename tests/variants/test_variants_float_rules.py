@@ -196,9 +196,11 @@ def test_masks_follow_an_additive_fill_to_its_softmax_but_not_a_product_or_a_fus
     constants += [numpy_helper.from_array(np.array(0, np.int64), "zero"),
                   numpy_helper.from_array(np.array([2], np.int64), "axes")]  # fmt: skip
     graph = helper.make_graph(nodes, "masks", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", SEQ]),
-                                               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", SEQ])],
+                                               helper.make_tensor_value_info("scores", TensorProto.FLOAT,
+                                                                             ["batch", SEQ])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2]),
-                               helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", SEQ])], constants)  # fmt: skip
+                               helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", SEQ])],
+                               constants)  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION)
     assert kept_float_nodes(model, ["masks"]).names == (

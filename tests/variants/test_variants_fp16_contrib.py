@@ -41,7 +41,8 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
     folder = tmp_path_factory.mktemp("encoder")
     torch.manual_seed(0)
     config = transformers.BertConfig(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=2,
-                                     num_attention_heads=HEADS, intermediate_size=128, max_position_embeddings=32)  # fmt: skip
+                                     num_attention_heads=HEADS, intermediate_size=128,
+                                     max_position_embeddings=32)  # fmt: skip
     config._attn_implementation = "eager"  # the pattern ONNX Runtime's optimizer fuses into Attention
     bert = transformers.BertModel(config).eval()
 

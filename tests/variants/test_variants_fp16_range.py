@@ -233,7 +233,8 @@ def test_an_attention_mask_filled_from_float32s_minimum_is_left_to_fp16_clamped(
     cosine = np.sum(reference * got, -1) / np.linalg.norm(reference, axis=-1) / np.linalg.norm(got, axis=-1)
     print(f"cosine fp16 vs fp32: min {cosine.min():.6f}")
     assert np.all(np.isfinite(got)) and cosine.min() > 0.999
-    assert any("left to FP16 though out of its range" in note and "fill (max |x| 3.4e+38)" in note for note in built.notes)
+    assert any("left to FP16 though out of its range" in note and "fill (max |x| 3.4e+38)" in note
+               for note in built.notes)
 
 
 def test_a_harmful_constant_beside_a_harmless_mask_keeps_only_its_own_reader_fp32(tmp_path):

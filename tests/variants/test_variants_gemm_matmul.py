@@ -48,6 +48,21 @@ def test_gemms_become_matmul_and_add_computing_the_same(graph, tmp_path):
     np.testing.assert_allclose(_run(path, X), expected, rtol=1e-5, atol=1e-4)
 
 
+def test_a_computed_bias_is_scaled_by_beta_between_the_matmul_and_the_add(graph, tmp_path):
+    """beta cannot be folded into a bias the graph computes: a Mul scales it before the Add."""
+    nodes = [helper.make_node("Gemm", ["x", "w2", "c"], ["y"], name="fc", alpha=0.5, beta=2.0)]
+    path = graph(tmp_path / "c.onnx", nodes, {"w2": W2}, {"x": 16, "c": 4}, {"y": 4})
+    model = onnx.load(str(path))
+    assert gemms_as_matmul(model) == ["fc"]
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Mul", "Add"]
+    rewritten = tmp_path / "rewritten.onnx"
+    onnx.save(model, str(rewritten))
+    x, c = RNG.normal(size=(5, 16)).astype(np.float32), RNG.normal(size=(5, 4)).astype(np.float32)
+    session = ort.InferenceSession(str(rewritten), providers=["CPUExecutionProvider"])
+    expected = 0.5 * (x @ W2) + 2.0 * c  # Gemm's definition, by hand
+    np.testing.assert_allclose(session.run(None, {"x": x, "c": c})[0], expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_gemm_with_a_computed_weight_or_transposed_input_is_left_alone(graph, tmp_path):
     nodes = [helper.make_node("Gemm", ["x", "w1"], ["y"], name="fc", transA=1)]
     path = graph(tmp_path / "t.onnx", nodes, {"w1": RNG.normal(size=(32, 4)).astype(np.float32)}, {"x": 32}, {"y": 4})

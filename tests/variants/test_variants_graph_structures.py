@@ -266,7 +266,8 @@ def function_model(path: Path) -> Path:
     graph = helper.make_graph(nodes, "functions",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", FEATURES])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", CLASSES])],
-                              [numpy_helper.from_array(weights[k], k) for k in ("w_in", "w_mid", "w_then")])  # fmt: skip
+                              [numpy_helper.from_array(weights[k], k)
+                               for k in ("w_in", "w_mid", "w_then")])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("local", 1)],
                               functions=[block], ir_version=8)  # fmt: skip
     onnx.checker.check_model(model)

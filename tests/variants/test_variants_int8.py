@@ -268,7 +268,8 @@ def _attention_model(path):
     float_value = onnx.helper.make_tensor_value_info
     graph = onnx.helper.make_graph(nodes, "attention", [float_value("x", onnx.TensorProto.FLOAT, ["batch", 6, 8])],
                                    [float_value("y", onnx.TensorProto.FLOAT, ["batch", 6, 16])],
-                                   [onnx.numpy_helper.from_array(value, name) for name, value in weights.items()])  # fmt: skip
+                                   [onnx.numpy_helper.from_array(value, name)
+                                    for name, value in weights.items()])  # fmt: skip
     model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 23)], ir_version=10)
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
@@ -308,7 +309,8 @@ def test_static_int8_quantizes_what_reads_a_contrib_operators_output(tmp_path):
              helper.make_node("Gemm", ["pooled", "w2", "b2"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(nodes, "pooler", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     path = tmp_path / "pooler.onnx"
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
@@ -374,7 +376,8 @@ def _fused_attention_model(path, rng, *, extra_inputs=()):
              helper.make_node("MatMul", ["mixed", "head"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 6, 2])],
-                              [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(np.asarray(v, np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=8), str(path))
     return path

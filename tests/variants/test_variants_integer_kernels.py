@@ -55,7 +55,8 @@ QDQ_GRAPHS = {
     "add_requantized": ([*_qdq("x", "xd"), helper.make_node("Add", ["xd", "xd"], ["a"]), *_qdq("a", "y")],
                         [2, 1, 4, 4]),
     # torchao's PT2E export: a Relu before a Q whose zero point is its type's minimum is redundant, and removed
-    "conv_relu_requantized_at_zero": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw", "cb"], ["c"]),
+    "conv_relu_requantized_at_zero": ([*_qdq("x", "xd"), _weight("cw"),
+                                       helper.make_node("Conv", ["xd", "cw", "cb"], ["c"]),
                                        helper.make_node("Relu", ["c"], ["r"]), *_qdq("r", "y", "z0")], [2, 2, 2, 2]),
     # ModelOpt's symmetric ranges: the Relu is not redundant, ORT fuses it into a float FusedConv / FusedGemm
     "conv_relu_requantized": ([*_qdq("x", "xd"), _weight("cw"), helper.make_node("Conv", ["xd", "cw"], ["c"]),
@@ -70,17 +71,21 @@ QDQ_GRAPHS = {
     "gemm_float_bias_requantized": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw", "gb"], ["c"]),
                                      *_qdq("c", "y")], [2, 3]),
     # a float-output Linear whose only reader is a Relu or Clip read by one float node: ORT fuses the activation into a
-    # float op (found by fuzzing: SmoothQuant left a MatMul -> Clip -> Pad float, and it was counted as MatMulIntegerToFloat)
+    # float op (found by fuzzing: SmoothQuant left a MatMul -> Clip -> Pad float, and it was counted as
+    # MatMulIntegerToFloat)
     "matmul_clip_pad": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
-                         helper.make_node("Clip", ["m", "lo", "hi"], ["c"]), helper.make_node("Pad", ["c", "pads"], ["y"])],
+                         helper.make_node("Clip", ["m", "lo", "hi"], ["c"]),
+                         helper.make_node("Pad", ["c", "pads"], ["y"])],
                         [2, 1, 4, 6]),
     "matmul_relu_tanh": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
-                          helper.make_node("Relu", ["m"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])], [2, 1, 4, 4]),
+                          helper.make_node("Relu", ["m"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])],
+                          [2, 1, 4, 4]),
     "gemm_relu_tanh": ([*_flat_qdq(), _weight("gw"), helper.make_node("Gemm", ["fd", "gw"], ["c"]),
                         helper.make_node("Relu", ["c"], ["r"]), helper.make_node("Tanh", ["r"], ["y"])], [2, 3]),
     "matmul_relu_two_readers": ([*_qdq("x", "xd"), _weight("mw"), helper.make_node("MatMul", ["xd", "mw"], ["m"]),
                                  helper.make_node("Relu", ["m"], ["r"]), helper.make_node("Tanh", ["r"], ["t"]),
-                                 helper.make_node("Sigmoid", ["r"], ["sg"]), helper.make_node("Add", ["t", "sg"], ["y"])],
+                                 helper.make_node("Sigmoid", ["r"], ["sg"]),
+                                 helper.make_node("Add", ["t", "sg"], ["y"])],
                                 [2, 1, 4, 4]),
     # a float-output MatMul on a 2-D input read only by the Add of a float bias: ORT fuses the two into a float Gemm
     # (SmoothQuant, `linear`, QAT and ModelOpt Linears), yet the graph rules count it as MatMulIntegerToFloat
@@ -103,12 +108,14 @@ def _qdq_model(case: str) -> onnx.ModelProto:
         "cw_i8": rng.integers(-50, 50, (2, 1, 3, 3)).astype(np.int8), "cb": rng.normal(size=2).astype(np.float32),
         "mw_i8": rng.integers(-50, 50, (4, 4)).astype(np.int8), "gw_i8": rng.integers(-50, 50, (16, 3)).astype(np.int8),
         "gb": rng.normal(size=3).astype(np.float32), "g": np.ones(4, np.float32), "b": np.zeros(4, np.float32),
-        "lo": np.array(-1, np.float32), "hi": np.array(1, np.float32), "pads": np.array([0, 0, 0, 1, 0, 0, 0, 1], np.int64),
+        "lo": np.array(-1, np.float32), "hi": np.array(1, np.float32),
+        "pads": np.array([0, 0, 0, 1, 0, 0, 0, 1], np.int64),
     }  # fmt: skip
     used = {name for node in nodes for name in node.input}
     graph = helper.make_graph(
         nodes, case, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 1, 4, 4])],
-        [helper.make_tensor_value_info("y", TensorProto.INT64 if case == "concat_argmax" else TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.INT64 if case == "concat_argmax" else TensorProto.FLOAT,
+                                       shape)],
         initializer=[numpy_helper.from_array(value, name) for name, value in constants.items() if name in used],
     )  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
@@ -168,7 +175,8 @@ def _concat_argmax(path: Path) -> Path:
         "vote", [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", 2]) for n in "ab"],
         [helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"])],
     )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION), str(path))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
+              str(path))
     return path
 
 
@@ -180,11 +188,13 @@ def test_a_graph_that_only_moves_and_selects_is_the_fp32_model(tmp_path, calibra
     rng = np.random.default_rng(0)
     calibration = [{"a": rng.normal(size=(16, 2)).astype(np.float32), "b": rng.normal(size=(16, 2)).astype(np.float32)}]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert built.params["quantized_op_types"] == {}
     assert built.notes == ("nothing to quantize (Q/DQ on ArgMax, Concat would only round data that ONNX Runtime moves, "
-                           "selects or computes in float: no integer arithmetic): the variant is the FP32 model",)  # fmt: skip
+                           "selects or computes in float: no integer arithmetic): the variant is the FP32 model",
+                           )  # fmt: skip
 
 
 def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
@@ -202,7 +212,8 @@ def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
     onnx.save(onx, str(path))
     calibration = [{"X": x[i : i + 32]} for i in range(0, 96, 32)]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.onnx_path == path.resolve() and lowered_nothing(built.params)
     assert "no integer arithmetic" in built.params["unchanged"] and "Concat" in built.params["unchanged"]
 
@@ -210,7 +221,8 @@ def test_a_nearest_neighbours_classifier_is_the_fp32_model(tmp_path):
 @pytest.mark.parametrize("calibrator", ["minmax", "dynamic"])
 def test_a_cnn_is_int8_exactly_where_onnx_runtime_runs_integer_kernels(digits_cnn, tmp_path, calibrator):
     """Its Flatten reads a dequantized tensor too, and was counted as quantized; it only moves the data."""
-    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator), digits_cnn.context(tmp_path))
+    built = build_variant(VariantSpec(name="int8", precision="int8", calibrator=calibrator),
+                          digits_cnn.context(tmp_path))
     assert not lowered_nothing(built.params) and "Flatten" not in built.params["quantized_op_types"]
     assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path)
 
@@ -233,7 +245,8 @@ def test_an_attention_block_is_int8_where_onnx_runtime_runs_integer_kernels(grap
     path = graph(tmp_path / "attention.onnx", nodes, weights, {"x": 8}, {"y": 8})
     calibration = [{"x": rng.normal(size=(8, 8)).astype(np.float32)} for _ in range(4)]
     built = build_variant(VariantSpec(name="int8", precision="int8", calibrator="minmax"),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert not lowered_nothing(built.params) and "LayerNormalization" not in built.params["quantized_op_types"]
     assert built.params["quantized_nodes"] == ort_integer_kernels(built.onnx_path, tmp_path) > 0
 
@@ -283,15 +296,18 @@ def test_a_modelopt_int8_variant_without_integer_kernels_is_the_fp32_model(tmp_p
     INT8 pass; now it is the FP32 model, and says so."""
     pytest.importorskip("modelopt")
     ctx, _ = _torch_model(kind, tmp_path)
-    spec = VariantSpec.model_validate({"name": "mo", "precision": "int8", "quantizer": "modelopt", "calibrator": "minmax"})
+    spec = VariantSpec.model_validate({"name": "mo", "precision": "int8", "quantizer": "modelopt",
+                                       "calibrator": "minmax"})
     built = build_variant(spec, ctx)
     assert ort_integer_kernels(built.onnx_path, tmp_path) == 0
     assert lowered_nothing(built.params) and built.params["quantized_op_types"] == {}
     assert "Gemm" in built.params["rounded_only"]
-    assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32") for note in built.notes)
+    assert any(note.startswith("no node computes in INT8") and note.endswith("computes in FP32")
+               for note in built.notes)
 
 
-def _rnn_classifier(path: Path, op: str, rng: np.random.Generator, *, bias: bool = False, in_branch: bool = False) -> Path:
+def _rnn_classifier(path: Path, op: str, rng: np.random.Generator, *, bias: bool = False,
+                    in_branch: bool = False) -> Path:
     """x [batch, 5 steps, 3] -> an ONNX LSTM/GRU of 8 units (time-major, as ONNX Runtime's CPU runs it), with a bias
     [1, 2 x gates x hidden] as torch exports it if `bias` -> its last state @ head -> y [batch, 2]: the recurrent
     layer holds most of the weights. With `in_branch`, the layer sits in both branches of an If (rows > 0), reading
@@ -344,7 +360,8 @@ def test_a_recurrent_layer_left_float_is_counted_and_noted(tmp_path, op, precisi
     path = _rnn_classifier(tmp_path / f"{op}.onnx", op, rng, bias=bias)
     calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert built.params.get("float_recurrent") == left_float
     assert saved.count(op) == (left_float or {}).get(op, 0)  # counted from the saved graph
@@ -364,7 +381,8 @@ def test_a_recurrent_layer_inside_control_flow_is_counted_and_noted(tmp_path, pr
     path = _rnn_classifier(tmp_path / "branch.onnx", "LSTM", rng, bias=True, in_branch=True)
     calibration = [{"x": rng.normal(size=(16, 5, 3)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = onnx.load(str(built.onnx_path))
     branches = [node for branch in saved.graph.node if branch.op_type == "If" for graph in
                 (helper.get_attribute_value(a) for a in branch.attribute) for node in graph.node]  # fmt: skip
@@ -410,7 +428,8 @@ def test_a_fused_contrib_layer_left_float_is_counted_and_noted(tmp_path, fused, 
     path = _fused_transformer_block(tmp_path / f"{fused}.onnx", fused, rng)
     calibration = [{"x": rng.normal(size=(16, 4, 8)).astype(np.float32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision=precision, calibrator=calibrator),
-                          BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=path, workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     saved = [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
     assert saved.count(fused) == 1  # left float in the saved graph
     assert built.params["float_contrib"] == {f"{fused} (com.microsoft)": 1}
@@ -428,7 +447,8 @@ NAMED = ["MatMul", "EmbedLayerNormalization"]
     ("dynamic", NAMED, {"MatMulInteger": 1}, "QEmbedLayerNormalization", {}),
     ("dynamic", NAMED, {"MatMulInteger": 1}, "EmbedLayerNormalization", {"mask_index_type": 1}),
 ])  # fmt: skip
-def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, op_types, counted, embedding, attributes):
+def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, op_types, counted, embedding,
+                                                          attributes):
     """EmbedLayerNormalization reads rows of its tables (as a Gather does): nothing there to quantize, so no
     `float_contrib` note. By default it stays float, as any table lookup (`lookups_kept_float`): 8-bit tables cost
     accuracy and save no time. Named in op_types, dynamic INT8 hands it to ONNX Runtime's quantizer: its tables are
@@ -444,12 +464,14 @@ def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, 
              helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
              helper.make_node("MatMul", ["pooled", "head"], ["y"], name="classify")]  # fmt: skip
     graph = helper.make_graph(nodes, "embed", [helper.make_tensor_value_info("ids", TensorProto.INT32, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])], constants)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
+                              constants)  # fmt: skip
     opsets = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
     onnx.save(helper.make_model(graph, opset_imports=opsets, ir_version=ORT_IR_VERSION), str(tmp_path / "e.onnx"))
     calibration = [{"ids": rng.integers(0, 10, size=(16, 4)).astype(np.int32)} for _ in range(2)]
     built = build_variant(VariantSpec(name="q", precision="int8", calibrator=calibrator, op_types=op_types),
-                          BuildContext(reference_path=tmp_path / "e.onnx", workdir=tmp_path / "w", calibration=calibration))  # fmt: skip
+                          BuildContext(reference_path=tmp_path / "e.onnx", workdir=tmp_path / "w",
+                                       calibration=calibration))  # fmt: skip
     assert built.params["quantized_op_types"] == counted
     assert "float_contrib" not in built.params
     assert embedding in [node.op_type for node in onnx.load(str(built.onnx_path)).graph.node]
@@ -459,16 +481,20 @@ def test_a_fused_embedding_lookup_is_no_weight_left_float(tmp_path, calibrator, 
 def _branch(name: str, x: str, requantized: bool) -> onnx.GraphProto:
     """An If branch computing MatMul(x, its own INT8 weight); `x` is Q/DQ'd in the branch unless it is read from
     outside ("xd"), the output re-quantized or left float."""
-    nodes = [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"], name=f"{name}_dw")]
+    nodes = [helper.make_node("DequantizeLinear", [f"{name}_wq", f"{name}_ws", f"{name}_wz"], [f"{name}_w"],
+                              name=f"{name}_dw")]
     if x == "x":
-        nodes += [helper.make_node("QuantizeLinear", ["x", f"{name}_s", f"{name}_z"], [f"{name}_xq"], name=f"{name}_qx"),
-                  helper.make_node("DequantizeLinear", [f"{name}_xq", f"{name}_s", f"{name}_z"], [f"{name}_xd"], name=f"{name}_dx")]  # fmt: skip
+        nodes += [helper.make_node("QuantizeLinear", ["x", f"{name}_s", f"{name}_z"], [f"{name}_xq"],
+                                   name=f"{name}_qx"),
+                  helper.make_node("DequantizeLinear", [f"{name}_xq", f"{name}_s", f"{name}_z"], [f"{name}_xd"],
+                                   name=f"{name}_dx")]  # fmt: skip
         x = f"{name}_xd"
     nodes.append(helper.make_node("MatMul", [x, f"{name}_w"], [f"{name}_m"], name=f"{name}_mm"))
     out = f"{name}_m"
     if requantized:
         nodes += [helper.make_node("QuantizeLinear", [out, f"{name}_s", f"{name}_z"], [f"{name}_q"], name=f"{name}_qo"),
-                  helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_o"], name=f"{name}_do")]  # fmt: skip
+                  helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"], [f"{name}_o"],
+                                   name=f"{name}_do")]  # fmt: skip
         out = f"{name}_o"
     constants = {f"{name}_wq": np.random.default_rng(1).integers(-50, 50, (4, 4)).astype(np.int8),
                  f"{name}_ws": np.array(0.02, np.float32), f"{name}_wz": np.array(0, np.int8),

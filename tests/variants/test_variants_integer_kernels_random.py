@@ -38,7 +38,8 @@ def _random_layer(seed: int) -> onnx.ModelProto:
         "w_i8": rng.integers(-60, 60, weight_shape).astype(np.int8),
         "ws": (rng.uniform(0.01, 0.03, out_channels) if per_channel else np.array(0.02)).astype(np.float32),
         "wz": np.zeros(out_channels if per_channel else (), np.int8),
-        "b": rng.normal(size=out_channels).astype(np.float32), "b_i32": rng.integers(-100, 100, out_channels).astype(np.int32),
+        "b": rng.normal(size=out_channels).astype(np.float32),
+        "b_i32": rng.integers(-100, 100, out_channels).astype(np.int32),
         "bs": np.array(0.001, np.float32), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32),
     }  # fmt: skip
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),

@@ -54,7 +54,8 @@ def test_folding_computes_what_the_inserted_mul_computes(block, tmp_path: Path) 
     )
     int8_diff = relative_error(_simulated(int8_unfolded, held_out), _simulated(int8_folded, held_out))
     print(
-        f"{block.__name__}: folded vs unfolded max |diff| float {float_diff:.2e} (of {scale:.2f}), INT8 {int8_diff:.2e} relative"
+        f"{block.__name__}: folded vs unfolded max |diff| float "
+        f"{float_diff:.2e} (of {scale:.2f}), INT8 {int8_diff:.2e} relative"
     )
     assert float_diff <= 1e-5 * scale
     assert int8_diff < 2e-2

@@ -118,9 +118,11 @@ def _cnn() -> onnx.ModelProto:
         helper.make_node("Reshape", ["r", "shape"], ["flat"], name="flatten"),
         helper.make_node("MatMul", ["flat", "fc"], ["y"], name="fc"),
     ]
-    initializers = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k) for k, v in weights.items()]
+    initializers = [numpy_helper.from_array(v.astype(np.int64 if k == "shape" else np.float32), k)
+                    for k, v in weights.items()]
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 1, 4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], initializers)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+                              initializers)  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION)
 
 

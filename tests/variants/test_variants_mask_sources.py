@@ -60,7 +60,8 @@ def _export(module: torch.nn.Module, path: Path, *, fold: bool = True, dynamic: 
     args = (torch.randn(ROWS, SEQ, WIDTH), torch.zeros(ROWS, 1, SEQ))[: len(names)]
     axes = {"x": {0: "batch", 1: "seq"}, "attention_bias": {0: "batch", 2: "seq"}, "y": {0: "batch"}}
     torch.onnx.export(module.eval(), args, str(path), dynamo=False, do_constant_folding=fold, input_names=names,
-                      output_names=["y"], dynamic_axes={k: v for k, v in axes.items() if dynamic and k in [*names, "y"]},
+                      output_names=["y"], dynamic_axes={k: v for k, v in axes.items() if dynamic
+                                                        and k in [*names, "y"]},
                       opset_version=17)  # fmt: skip
     return path
 
@@ -146,7 +147,8 @@ def test_shape_derived_floats_that_leave_no_fill_in_the_scores_are_not_masks():
     queries' shape, are computed from shapes only like a causal mask, but no fill of theirs reaches a Softmax."""
     rng = np.random.default_rng(0)
     constants = {"wq": rng.normal(size=(WIDTH, WIDTH)).astype(np.float32), "zero": np.array(0, np.int64),
-                 "one": np.array(1, np.int64), "last": np.array([-1], np.int64), "freq": np.array(0.1, np.float32)}  # fmt: skip
+                 "one": np.array(1, np.int64), "last": np.array([-1], np.int64),
+                 "freq": np.array(0.1, np.float32)}  # fmt: skip
     nodes = [
         helper.make_node("Shape", ["x"], ["shape"], start=1, end=2),
         helper.make_node("Squeeze", ["shape"], ["length"]),

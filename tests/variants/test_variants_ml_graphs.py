@@ -31,7 +31,8 @@ FEATURES = 6
 VARIANTS = [
     {"name": "fp16", "precision": "fp16"},
     {"name": "bf16", "precision": "bf16"},
-    *({"name": f"int8-{c}", "precision": "int8", "calibrator": c} for c in ("minmax", "entropy", "percentile", "dynamic")),
+    *({"name": f"int8-{c}", "precision": "int8", "calibrator": c}
+      for c in ("minmax", "entropy", "percentile", "dynamic")),
     *({"name": f"fp8-{c}", "precision": "fp8", "calibrator": c} for c in ("minmax", "entropy", "percentile")),
 ]
 MODELS = {
@@ -106,7 +107,8 @@ def test_a_mixed_pipeline_builds_loads_and_keeps_the_scaler_fp32(converted, data
     _, reference = _run(converted["scaler_mlp"], data)
     assert probabilities.dtype == np.float32 and np.all(np.isfinite(probabilities))
     agreement = float(np.mean(probabilities.argmax(axis=1) == reference.argmax(axis=1)))
-    print(f"{variant['name']}: max |p - p_fp32| = {np.max(np.abs(probabilities - reference)):.4f}, agreement {agreement:.3f}")
+    print(f"{variant['name']}: max |p - p_fp32| = "
+          f"{np.max(np.abs(probabilities - reference)):.4f}, agreement {agreement:.3f}")
     assert agreement >= 0.9
     if variant["precision"] in ("int8", "fp8"):
         counts = built.params["quantized_op_types"]

@@ -181,7 +181,8 @@ def test_modelopt_notes_name_the_clipped_activations():
 def _activation_scales(path: Path) -> dict[str, float]:
     """input_quantizer name -> its scale, read from the Constant feeding each activation QuantizeLinear."""
     model = onnx.load(str(path))
-    constants = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"}
+    constants = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node
+                 if n.op_type == "Constant"}
     return {
         n.name: float(constants[n.input[1]])
         for n in model.graph.node

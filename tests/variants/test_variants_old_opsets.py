@@ -125,7 +125,8 @@ def test_a_nearest_resize_10_mixing_up_and_downsampling_is_refused_in_one_line()
     """ONNX Runtime floors the source pixel on an upsampling axis and ceils it on a downsampling one: no single
     Resize-11 nearest_mode computes both."""
     with pytest.raises(QbenchError, match=r"^Resize node 'resize' \(opset 10, nearest\): its scales mix up- and "
-                                          r"downsampling axes[^\n]*; export the model at opset 11 or later$"):  # fmt: skip
+                                          r"downsampling axes[^\n]*; export "
+                                          r"the model at opset 11 or later$"):  # fmt: skip
         ensure_opset(resize_model("Resize", 10, "nearest", [1.0, 1.0, 0.6, 1.5]), 11)
 
 
@@ -207,7 +208,8 @@ def scan_8_model(path: Path) -> Path:
     weights = {"wx": RNG.normal(size=(features, hidden)), "wh": RNG.normal(size=(hidden, hidden)) * 0.3,
                "wo": RNG.normal(size=(hidden, 3))}  # fmt: skip
     graph = helper.make_graph(nodes, "scan8", [_value("s0", [2, hidden]), _value("x", [2, 5, features])],
-                              [_value("y", [2, 3])], [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [_value("y", [2, 3])], [numpy_helper.from_array(v.astype(np.float32), k)
+                                                      for k, v in weights.items()])  # fmt: skip
     onnx.save(_model(graph, 8), str(path))
     return path
 
@@ -216,13 +218,15 @@ def scan_8_model(path: Path) -> Path:
                          [({"precision": "bf16"}, 13), ({"precision": "fp8", "calibrator": "minmax"}, 21),
                                                 ({"precision": "int8", "calibrator": "dynamic"}, 11)])  # fmt: skip
 def test_an_opset_upgrade_changing_the_graph_inputs_is_the_variants_one_line_error(tmp_path, variant, opset):
-    """onnx's Scan 8 -> 9 adapter drops the batch axis from the graph's inputs: BF16 and dynamic INT8 were reported built
-    and refused FP32's feeds when measured ('Invalid rank for input'), FP8 failed calibration with the same words."""
+    """onnx's Scan 8 -> 9 adapter drops the batch axis from the graph's inputs: BF16 and dynamic INT8 were reported
+    built and refused FP32's feeds when measured ('Invalid rank for input'), FP8 failed calibration with the same
+    words."""
     path = scan_8_model(tmp_path / "scan8.onnx")
     feeds = {"s0": np.zeros((2, 8), np.float32), "x": RNG.normal(size=(2, 5, 6)).astype(np.float32)}
     with pytest.raises(QbenchError,
                        match=rf"raising opset 8 to {opset} \(onnx's version converter\) changed graph input "
-                                          r"'s0' from float32\[2, 8\] to float32\[8\]; export the model at opset"):  # fmt: skip
+                                          r"'s0' from float32\[2, 8\] to "
+                                          r"float32\[8\]; export the model at opset"):  # fmt: skip
         build_variant(VariantSpec(name="v", **variant),
                       BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=[feeds]))  # fmt: skip
 
@@ -283,8 +287,10 @@ def test_an_fp8_build_of_a_zipmap_classifier_keeps_its_probability_map(tmp_path)
                           BuildContext(reference_path=tmp_path / "m.onnx", workdir=tmp_path / "w",
                                        calibration=[{"X": x[:64]}]))  # fmt: skip
     assert built.params["quantized_op_types"] == {"MatMul": 1}
-    run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (tmp_path / "m.onnx", built.onnx_path)}
-    fp32, fp8 = ([[row[c] for c in range(3)] for row in s.run(["output_probability"], {"X": x})[0]] for s in run.values())
+    run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"])
+           for p in (tmp_path / "m.onnx", built.onnx_path)}
+    fp32, fp8 = ([[row[c] for c in range(3)] for row in s.run(["output_probability"], {"X": x})[0]]
+                 for s in run.values())
     np.testing.assert_allclose(fp8, fp32, atol=0.1)
 
 

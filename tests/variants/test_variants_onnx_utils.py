@@ -20,7 +20,8 @@ from qbench.variants.onnx_utils import build_step, sort_nodes, topologically_sor
 def test_a_sorted_node_list_comes_back_in_its_own_order():
     """Independent nodes are not reordered: a sorted graph's nodes (and what is measured on them) stay as written."""
     nodes = [helper.make_node("Relu", ["x"], ["p"], name="p"), helper.make_node("Neg", ["x"], ["q"], name="q"),
-             helper.make_node("Add", ["p", "q"], ["s"], name="s"), helper.make_node("Abs", ["x"], ["t"], name="t")]  # fmt: skip
+             helper.make_node("Add", ["p", "q"], ["s"], name="s"),
+             helper.make_node("Abs", ["x"], ["t"], name="t")]  # fmt: skip
     assert [n.name for n in topologically_sorted(nodes)] == ["p", "q", "s", "t"]
     assert [n.name for n in topologically_sorted(nodes[::-1])] == ["t", "q", "p", "s"]
 
@@ -89,7 +90,8 @@ def _string_table_model(classes: list[str]) -> onnx.ModelProto:
     nodes = [helper.make_node("ArgMax", ["x"], ["index"], axis=1, keepdims=0),
              helper.make_node("Gather", ["classes", "index"], ["label"])]  # fmt: skip
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 2])],
-                              [helper.make_tensor_value_info("label", TensorProto.STRING, [None])], [table])  # fmt: skip
+                              [helper.make_tensor_value_info("label", TensorProto.STRING, [None])],
+                              [table])  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 

@@ -177,7 +177,8 @@ def test_onnx_runtime_matches_the_fake_quant_torch_form(built: BuiltVariant, tas
     agreement = float(np.mean(onnx_scores.argmax(1) == torch_scores.argmax(1)))
     difference = float(np.abs(onnx_scores - torch_scores).max())
     bound = _head_error_bound(built.onnx_path, steps=2)
-    print(f"ORT INT8 vs torch fake-quant: top-1 agreement {agreement:.4f}, max |diff| {difference:.4f} (bound {bound:.4f})")
+    print(f"ORT INT8 vs torch fake-quant: top-1 agreement {agreement:.4f}, "
+          f"max |diff| {difference:.4f} (bound {bound:.4f})")
     assert agreement >= 0.99, f"top-1 agreement {agreement:.4f} < 0.99"
     assert difference <= bound, (
         f"max |ORT - torch| {difference:.4f} exceeds 2 quantization steps of the head's input "
@@ -372,7 +373,8 @@ def test_massive_activation_cnn_has_the_digits_cnn_outputs() -> None:
 def test_demo_recipe_loads_and_fine_tunes_without_eval_rows() -> None:
     recipe_path = ROOT / "recipes" / "digits-qat.yaml"
     if not (ROOT / "models" / "digits-massive.pt").is_file():
-        pytest.skip("demo assets not built: python -m qbench.demo.digits --out . && python -m qbench.demo.qat_case --out .")
+        pytest.skip("demo assets not built: python -m qbench.demo.digits "
+                    "--out . && python -m qbench.demo.qat_case --out .")
     recipe = load_recipe(recipe_path)
     qat = next(v for v in recipe.variants if v.qat is not None)
     assert recipe.model.torch == "qbench.demo.qat_case:massive_activation_cnn"

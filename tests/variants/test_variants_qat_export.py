@@ -27,7 +27,8 @@ def _fake_quant_module() -> torch.fx.GraphModule:
 
 def _save(path: Path, nodes: list[onnx.NodeProto], initializers: list[onnx.TensorProto] = ()) -> Path:
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])], list(initializers))  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])],
+                              list(initializers))  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
@@ -38,7 +39,8 @@ def test_a_graph_without_the_modules_quantize_ops_is_named_as_lost(tmp_path: Pat
     qparams = [helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
                helper.make_tensor("z", TensorProto.INT8, [], [0])]  # fmt: skip
     qdq_graph = _save(tmp_path / "qdq.onnx", [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
-                                              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])], qparams)  # fmt: skip
+                                              helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])],
+                                              qparams)  # fmt: skip
     lost = lost_quantization(float_graph, module)
     assert lost is not None and "holds none of the module's 2 quantize/dequantize ops" in lost
     assert f"torch {torch.__version__}" in lost

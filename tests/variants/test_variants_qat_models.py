@@ -73,7 +73,8 @@ def _build(module: torch.nn.Module, shape: tuple[int, ...], tmp_path: Path) -> t
     source = TorchModel(factory="tests:batch_sized", input_shapes={"x": (1, *shape)}, input_dtypes={"x": "float32"},
                         output_names=("scores",), opset=17, cache_key="batch-sized", _template=module)  # fmt: skip
     ctx = BuildContext(reference_path=tmp_path / "unused.onnx", workdir=tmp_path, torch_model=source,
-                       calibration=[{"x": rows[:32]}], training=TrainingData(feeds={"x": rows[:64]}, labels=labels[:64]))  # fmt: skip
+                       calibration=[{"x": rows[:32]}],
+                       training=TrainingData(feeds={"x": rows[:64]}, labels=labels[:64]))  # fmt: skip
     spec = VariantSpec.model_validate({"name": "int8-qat", "precision": "int8", "calibrator": "minmax",
                                        "qat": {"epochs": 1, "lr": 1e-3, "batch_size": 32}})  # fmt: skip
     return build_qat(spec, ctx), rows[64:]
@@ -84,7 +85,8 @@ def _build(module: torch.nn.Module, shape: tuple[int, ...], tmp_path: Path) -> t
     [(_FlattenByView, (1, STEPS, FEATURES)), (_GruClassifier, (STEPS, FEATURES)), (_Attention, (STEPS, FEATURES))],
     ids=["view-by-batch", "gru-initial-state", "transformer-attention"],
 )
-def test_the_qdq_export_follows_the_batch_and_computes_the_modules_outputs(module: type, shape: tuple, tmp_path: Path) -> None:
+def test_the_qdq_export_follows_the_batch_and_computes_the_modules_outputs(module: type, shape: tuple,
+                                                                           tmp_path: Path) -> None:
     built, held_out = _build(module(), shape, tmp_path)
     session = ort.InferenceSession(str(built.onnx_path), providers=["CPUExecutionProvider"])
     converted = built.torch_module()
@@ -94,7 +96,8 @@ def test_the_qdq_export_follows_the_batch_and_computes_the_modules_outputs(modul
         with torch.no_grad():
             expected = converted(torch.from_numpy(rows)).numpy()
         assert got.shape == (batch, CLASSES)
-        assert np.abs(got - expected).max() <= 0.05, f"batch {batch}: max |ORT - torch form| {np.abs(got - expected).max()}"
+        assert np.abs(got - expected).max() <= 0.05, (f"batch {batch}: max |ORT - torch form| "
+                                                      f"{np.abs(got - expected).max()}")
         assert np.array_equal(got.argmax(1), expected.argmax(1))
 
 

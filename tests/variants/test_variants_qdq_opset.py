@@ -34,7 +34,8 @@ def _mlp(path: Path, opset: int, cast: bool = False) -> Path:
     nodes.append(helper.make_node("MatMul", ["r", "w2"], ["y"], name="fc2"))
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     imports = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=imports, ir_version=helper.find_min_ir_version_for(imports))
     onnx.save(model, str(path))
@@ -75,7 +76,8 @@ def test_a_model_whose_own_nodes_need_that_opset_is_one_line_naming_the_node(tmp
     """A Cast (changed at opset 28) holds the model at its opset: no lower stamp keeps what it computes."""
     path = _mlp(tmp_path / "cast.onnx", NEWEST, cast=True)
     with pytest.raises(QbenchError, match=rf"at the model's opset {NEWEST}, and its node Cast 'cast' needs opset "
-                                          rf"{NEWEST}, so no lower opset keeps what the model computes; expected"):  # fmt: skip
+                                          rf"{NEWEST}, so no lower opset keeps "
+                                          r"what the model computes; expected"):  # fmt: skip
         build_variant(VariantSpec(name="v", precision="int8", calibrator="minmax"),
                       BuildContext(reference_path=path, workdir=tmp_path / "w",
                                    calibration=[{"x": X[:16]}]))  # fmt: skip

@@ -153,7 +153,8 @@ def test_steps_on_an_onnx_ml_predictors_output_are_found_until_a_layer_with_weig
                "b": _weights(2)}  # fmt: skip
     graph = helper.make_graph(nodes, "stacked", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None, 2])],
                               [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None, 2])],
-                              [onnx.numpy_helper.from_array(value, name) for name, value in weights.items()])  # fmt: skip
+                              [onnx.numpy_helper.from_array(value, name)
+                               for name, value in weights.items()])  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 3)])
     assert predictor_output_nodes(model) == ["times_one"]
     assert preprocessing_nodes(model) == ["scale_x"]

@@ -26,7 +26,8 @@ def _initializers(path: Path) -> dict[str, np.ndarray]:
 def _expected(values: np.ndarray, zeros: np.ndarray, axis: int) -> str:
     """The description of a stored weight, from its values and zero points (per channel along `axis` when there is
     more than one zero point; ONNX Runtime writes one zero point per scale). 7 bits: a centred range (zero point 0,
-    or 64 / 128 for uint8) within 64 steps of its zero point, an asymmetric one within 127 steps, its zero points included."""
+    or 64 / 128 for uint8) within 64 steps of its zero point, an asymmetric one within 127 steps, its zero points
+    included."""
     middles = {0} if values.dtype.kind == "i" else {64, 128}
     centred = len(set(zeros.ravel().tolist())) == 1 and int(zeros.ravel()[0]) in middles
     if centred:
@@ -43,7 +44,8 @@ def _expected(values: np.ndarray, zeros: np.ndarray, axis: int) -> str:
 def test_a_dynamic_lstm_records_the_weights_its_quantizer_wrote(weight_type, per_channel, reduce_range, tmp_path):
     """ONNX Runtime's LSTM handler (DynamicQuantizeLSTM) writes int8 weights whatever weight_type says: the params said
     weight_type: uint8 of an LSTM holding int8; now the LSTM's and the head's weights are recorded as stored, and the
-    override is noted. A per-channel LSTM was also noted as 'left in float' (its [1, 32] float scale read as a weight)."""
+    override is noted. A per-channel LSTM was also noted as 'left in float' (its [1, 32] float scale read as a
+    weight)."""
     rng = np.random.default_rng(3)
     path = _rnn_classifier(tmp_path / "lstm.onnx", "LSTM", rng)
     spec = VariantSpec(name="q", precision="int8", calibrator="dynamic", weight_type=weight_type,
@@ -61,7 +63,8 @@ def test_a_dynamic_lstm_records_the_weights_its_quantizer_wrote(weight_type, per
     assert stored[head.input[1]].dtype.name == weight_type
     lstm_notes = [note for note in built.notes if note.startswith("LSTM: ")]
     if stored[lstm.input[1]].dtype.name != weight_type:
-        assert lstm_notes == [f"LSTM: 1 of 1 node(s) hold int8 weights, though the variant's options say weight_type: {weight_type} "
+        assert lstm_notes == ["LSTM: 1 of 1 node(s) hold int8 weights, though the "
+                              f"variant's options say weight_type: {weight_type} "
                               "(the quantizer's own rule for LSTM decided)"]  # fmt: skip
     else:
         assert lstm_notes == []
@@ -76,7 +79,8 @@ def _conv_matmul(path: Path, rng: np.random.Generator) -> Path:
              helper.make_node("MatMul", ["f", "head"], ["y"], name="head")]  # fmt: skip
     graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 5])],
-                              [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()])  # fmt: skip
+                              [numpy_helper.from_array(v.astype(np.float32), k)
+                               for k, v in weights.items()])  # fmt: skip
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
               str(path))  # fmt: skip
     return path
@@ -109,7 +113,8 @@ def test_conv_and_matmul_weights_are_recorded_as_stored(calibrator, weight_type,
     spec = VariantSpec(name="q", precision="int8", calibrator=calibrator, weight_type=weight_type,
                        per_channel=per_channel, reduce_range=reduce_range)  # fmt: skip
     built = build_variant(spec, BuildContext(reference_path=path, workdir=tmp_path / "w", calibration=calibration))
-    expected = {op: {_expected(*_stored_weight(built.onnx_path, op), axis): 1} for op, axis in (("Conv", 0), ("MatMul", 1))}
+    expected = {op: {_expected(*_stored_weight(built.onnx_path, op), axis): 1}
+                for op, axis in (("Conv", 0), ("MatMul", 1))}
     assert built.params["weights_as_built"] == expected
     mode = "dynamic (quantized per batch at run time)" if calibrator == "dynamic" else "static uint8, asymmetric"
     assert set(built.params["activations_as_built"]["Conv"]) <= {mode, "static uint8, centred"}
@@ -118,8 +123,9 @@ def test_conv_and_matmul_weights_are_recorded_as_stored(calibrator, weight_type,
     overridden = per_channel and conv_zeros.size == 1
     assert overridden == (calibrator == "dynamic" and per_channel)  # what ONNX Runtime 1.32 does
     noted = [note for note in built.notes if note.startswith("Conv: ")]
-    assert noted == (["Conv: 1 of 1 node(s) hold per-tensor weights, though the variant's options say per_channel: true "
-                      "(the quantizer's own rule for Conv decided)"] if overridden else [])  # fmt: skip
+    assert noted == (["Conv: 1 of 1 node(s) hold per-tensor weights, "
+                      "though the variant's options say per_channel: true (the quantizer's own rule for Conv decided)"]
+                      if overridden else [])  # fmt: skip
 
 
 def _qdq_conv(path: Path, activation_zero_point: int, *, float_weight: bool) -> onnx.ModelProto:
@@ -165,7 +171,8 @@ def test_activation_ranges_are_noted_only_where_the_graph_contradicts_the_recipe
     centred = "centred" if zero_point == 0 else "asymmetric"
     assert facts.params["activations_as_built"] == {"Conv": {f"static int8, {centred}": 1}}
     assert list(facts.notes) == (["Conv: 1 of 1 node(s) hold asymmetric activations, though the variant's options say "
-                                  "symmetric_activations: true (the quantizer's own rule for Conv decided)"] if noted else [])  # fmt: skip
+                                  "symmetric_activations: true (the quantizer's own rule for Conv decided)"] if noted
+                                  else [])  # fmt: skip
 
 
 @pytest.mark.parametrize(("weight_type", "per_channel"), [("int8", True), ("uint8", False)])
@@ -202,7 +209,8 @@ def test_fp8_weights_and_weights_inside_subgraphs_are_recorded(tmp_path):
         initializer=[weight, numpy_helper.from_array(np.array(0.1, np.float32), "ws")])  # fmt: skip
     nodes = [helper.make_node("ReduceSum", ["x"], ["r"], keepdims=0), helper.make_node("Greater", ["r", "zero"], ["c"]),
              helper.make_node("If", ["c"], ["y"], then_branch=body, else_branch=helper.make_graph(
-                 [helper.make_node("Identity", ["x"], ["e"])], "else", [], [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 4])]))]  # fmt: skip
+                 [helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                 [helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", 4])]))]  # fmt: skip
     zero_point = helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0.0])
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
@@ -235,7 +243,8 @@ def test_a_lone_constant_at_the_far_end_of_its_range_is_not_called_7_bit(tmp_pat
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
              helper.make_node("Add", ["m", "b"], ["y"], name="add")]  # fmt: skip
     graph = helper.make_graph(nodes, "head", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])], constants)  # fmt: skip
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 1])],
+                              constants)  # fmt: skip
     path = tmp_path / "head.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=ORT_IR_VERSION),
               str(path))  # fmt: skip

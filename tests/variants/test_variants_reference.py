@@ -1,4 +1,5 @@
-"""The reference's normal form every variant is built from, and the check of every built model (qbench.variants.reference).
+"""The reference's normal form every variant is built from, and the check of every built model
+(qbench.variants.reference).
 
 Graphs ONNX Runtime runs but ONNX's tools and ORT's converters do not expect: nodes out of topological order, a graph
 input listed as an output under its own name, an initializer listed as an output.
@@ -74,7 +75,8 @@ def _outputs(path: Path) -> list[tuple[str, str]]:
 
 def test_a_cycle_is_one_line_naming_the_file(tmp_path):
     nodes = [helper.make_node("Relu", ["b"], ["a"], name="one"), helper.make_node("Relu", ["a"], ["b"], name="two"),
-             helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm"), helper.make_node("MatMul", ["h", "w2"], ["logits"])]  # fmt: skip
+             helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm"),
+             helper.make_node("MatMul", ["h", "w2"], ["logits"])]  # fmt: skip
     path = _save(tmp_path / "cycle.onnx", nodes, [LOGITS])
     with pytest.raises(QbenchError, match=r"cycle.onnx: the graph has a cycle"):
         load_reference(path)

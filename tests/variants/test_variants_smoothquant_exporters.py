@@ -38,7 +38,8 @@ def _decomposed_layer_norm(x: str, out: str, gamma: str, beta: str) -> list[onnx
     """LayerNorm as opset-13 exporters write it: ReduceMean/Sub/Pow/Sqrt/Div, then Mul by gamma and Add of beta."""
     return [
         helper.make_node("ReduceMean", [x], ["mean"], axes=[-1]), helper.make_node("Sub", [x, "mean"], ["centred"]),
-        helper.make_node("Pow", ["centred", "two"], ["squared"]), helper.make_node("ReduceMean", ["squared"], ["var"], axes=[-1]),
+        helper.make_node("Pow", ["centred", "two"], ["squared"]),
+        helper.make_node("ReduceMean", ["squared"], ["var"], axes=[-1]),
         helper.make_node("Add", ["var", "eps"], ["var_eps"]), helper.make_node("Sqrt", ["var_eps"], ["std"]),
         helper.make_node("Div", ["centred", "std"], ["normed"]), helper.make_node("Mul", ["normed", gamma], ["scaled"]),
         helper.make_node("Add", ["scaled", beta], [out]),
@@ -85,7 +86,8 @@ def rms_norm(rng: np.random.Generator) -> onnx.ModelProto:
     weights = {"weight": rng.normal(1, 0.2, WIDTH), "two": np.array(2.0), "eps": np.array(1e-6),
                "wq": rng.normal(0, 0.3, (WIDTH, 8)), "wk": rng.normal(0, 0.3, (WIDTH, 8))}  # fmt: skip
     nodes = [
-        helper.make_node("Pow", ["x", "two"], ["squared"]), helper.make_node("ReduceMean", ["squared"], ["ms"], axes=[-1]),
+        helper.make_node("Pow", ["x", "two"], ["squared"]),
+        helper.make_node("ReduceMean", ["squared"], ["ms"], axes=[-1]),
         helper.make_node("Add", ["ms", "eps"], ["ms_eps"]), helper.make_node("Sqrt", ["ms_eps"], ["rms"]),
         helper.make_node("Div", ["x", "rms"], ["normed"]), helper.make_node("Mul", ["weight", "normed"], ["h"]),
         helper.make_node("MatMul", ["h", "wq"], ["q"]), helper.make_node("MatMul", ["h", "wk"], ["k"]),

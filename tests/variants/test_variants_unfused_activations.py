@@ -36,7 +36,8 @@ def _mlp(graph, path, activation: str):
     weights = {"w1": rng.normal(size=(HIDDEN, WIDTH)), "b1": rng.normal(size=HIDDEN) / 4,
                "w2": rng.normal(size=(HIDDEN, HIDDEN)) / 4, "b2": rng.normal(size=HIDDEN) / 4,
                "w3": rng.normal(size=(4, HIDDEN)) / 4, "b3": np.zeros(4), "low": np.array(0.0), "high": np.array(6.0)}
-    weights = {k: np.asarray(v, np.float32) for k, v in weights.items() if activation == "Clip" or k not in ("low", "high")}
+    weights = {k: np.asarray(v, np.float32) for k, v in weights.items() if activation == "Clip"
+               or k not in ("low", "high")}
     graph(path, nodes, weights, {"x": WIDTH}, {"y": 4}, opset=13)
     calibration = [{"x": rng.normal(size=(16, WIDTH)).astype(np.float32)} for _ in range(4)]
     return BuildContext(reference_path=path, workdir=path.parent / "built", calibration=calibration), rng
