@@ -30,7 +30,8 @@ def _share_over(service: MeasuredServiceTimes, rate: float, requests: int) -> fl
     replay of 4 million requests put 2.65 % over it at 3,950 req/s, 171 million 1.79 %)."""
     replay, pooled = LoadReplay(service, BATCHER, Draws.make(min(requests, JUDGE_MAX_REQUESTS), seed=10_000)), None
     for again in range(-(-requests // JUDGE_MAX_REQUESTS)):
-        stats, _, cycles = replay.with_requests(replay.draws.requests, independent=True, again=again + 1).run(rate, BUDGET_MS)
+        again_replay = replay.with_requests(replay.draws.requests, independent=True, again=again + 1)
+        stats, _, cycles = again_replay.run(rate, BUDGET_MS)
         if stats.overloaded:
             return 1.0
         pooled = cycles if pooled is None else pooled.joined(cycles)

@@ -159,7 +159,8 @@ def record_measure(
 def record_started(run_dir: Path, job_id: str, attempts: int) -> None:
     """Before a job runs in the sweep's own process: should the process die in it, a resume knows which job. Not
     synced to the disk (qbench.files): a process that dies leaves its writes with the kernel, and a power loss is no
-    fault of the job, which a mark it took away lets run again (as a supervised sweep's resume does with one it left)."""
+    fault of the job, which a mark it took away lets run again (as a supervised sweep's resume does with one it
+    left)."""
     write_atomically(run_dir / JOBS_FOLDER / f"{_file_name(job_id)}{STARTED}",
                      json.dumps({"job": job_id, "attempts": attempts}), what="the job's mark as started",
                      durable=False)  # fmt: skip

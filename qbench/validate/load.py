@@ -71,7 +71,8 @@ class FixedServiceTime:
 class HostWork:
     """`service`'s times plus `per_row_ms` for each row of the batch: per-request work (pre-processing: tokenising,
     decoding) done on the CPUs the model runs on, which it takes from the model as the batch's requests come in, so
-    the model serves fewer requests a second (qbench.serving charges it where the backend runs the model on the host)."""
+    the model serves fewer requests a second (qbench.serving charges it where the backend runs the model on the
+    host)."""
 
     service: ServiceTimes
     per_row_ms: float
@@ -126,9 +127,9 @@ class MeasuredServiceTimes:
     between two measured ones takes the larger of the linear interpolation between the same quantile of
     both (latency close to affine in batch size) and the slowest of as many batches of the smaller size
     as it holds, capped by the larger size's time (a batch as slow as its slowest row: an affine
-    interpolation of a row-dependent tail made a 20 ms budget look met at 2.8x the true rate); a size below the smallest measured one is charged that size's
-    time (an upper bound). Sizes above the largest measured one are not served. `idle_samples_ms`:
-    the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
+    interpolation of a row-dependent tail made a 20 ms budget look met at 2.8x the true rate); a size below the
+    smallest measured one is charged that size's time (an upper bound). Sizes above the largest measured one are not
+    served. `idle_samples_ms`: the same sizes timed from a batcher's wake-up on an idle model (qbench.validate.latency.
     measure_batcher_samples), drawn for batches that start on an idle model; without them every batch
     draws from the back-to-back timings.
     """
@@ -254,13 +255,15 @@ class LoadReplay:
         stats, latencies, first = self._whole(rate_rps, overhead_ms)
         return stats, tail_share_bound(latencies, first, budget_ms)
 
-    def run(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[LoadStats, np.ndarray, Cycles]:
+    def run(self, rate_rps: float, budget_ms: float, *,
+            overhead_ms: float = 0.0) -> tuple[LoadStats, np.ndarray, Cycles]:
         """The figures at `rate_rps` (as `at`), each request's latency, and the requests over `budget_ms` in each
         regenerative cycle of the run, to be pooled with other runs' (qbench.validate.tail.Cycles)."""
         stats, latencies, first = self._whole(rate_rps, overhead_ms)
         return stats, latencies, Cycles.of(latencies, first, budget_ms)
 
-    def verdict(self, rate_rps: float, budget_ms: float, *, overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
+    def verdict(self, rate_rps: float, budget_ms: float, *,
+                overhead_ms: float = 0.0) -> tuple[Verdict, LoadStats | None]:
         """Whether the p99 at `rate_rps` is shown within `budget_ms` (a rate at or above capacity, or whose simulated
         p99 is over the budget, fails), with the figures (as `within`). A run stops as soon as more than TAIL_SHARE of
         its requests are over the budget (`ShareOver`): it fails whatever follows, and has no figures (None)."""

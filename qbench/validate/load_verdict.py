@@ -5,10 +5,11 @@ A p99 within a budget is at most TAIL_SHARE of the requests over it. Each replay
 request waiting, a regeneration (qbench.validate.tail), and the verdict's replays draw streams of their own, so the
 regenerative cycles of all of them are one sample of independent cycles: they are pooled, and the share over the
 budget is bounded over the pool (`Cycles.bound`). The replays grow GROWTH times at a time from the replay given up to
-`max_requests`, then more replays of `max_requests` follow while the pool cannot tell, MAX_REPLAYS_AT_MOST in all; at each look the pool is judged at confidence 1 - VERDICT_RISK / looks (Bonferroni over the looks the schedule
-allows), so that a verdict passes a rate over its budget, or breaches one within it, with a probability of at most
-VERDICT_RISK, as far as the regenerative central limit theorem holds. The pool at the most requests still unable to
-tell is UNDECIDED: the gate cannot judge it (exit 2).
+`max_requests`, then more replays of `max_requests` follow while the pool cannot tell, MAX_REPLAYS_AT_MOST in all; at
+each look the pool is judged at confidence 1 - VERDICT_RISK / looks (Bonferroni over the looks the schedule allows), so
+that a verdict passes a rate over its budget, or breaches one within it, with a probability of at most VERDICT_RISK, as
+far as the regenerative central limit theorem holds. The pool at the most requests still unable to tell is UNDECIDED:
+the gate cannot judge it (exit 2).
 
 That theorem holds once the pool spans many of the queue's relaxation times (`relaxation_requests`: near capacity a
 queue's excursions, in which the requests over a budget come, last about rho^2 (1 + b cv^2) / (1 - rho)^2 arrivals at

@@ -121,7 +121,8 @@ class Cycles:
             return TailBound(share, 1.0, cycles)
         z, worst, clusters = NormalDist().inv_cdf(confidence), int(np.argmax(over)), int(np.count_nonzero(over))
         copies = max(MIN_CLUSTERS - clusters, 1)
-        upper = _ratio_bound(np.append(over, np.full(copies, over[worst])), np.append(sizes, np.full(copies, sizes[worst])), z)
+        upper = _ratio_bound(np.append(over, np.full(copies, over[worst])),
+                             np.append(sizes, np.full(copies, sizes[worst])), z)
         lower = 0.0
         if clusters > MIN_CLUSTERS:  # MIN_CLUSTERS holding some once the worst is out
             lower = max(_ratio_bound(np.delete(over, worst), np.delete(sizes, worst), -z), 0.0)
@@ -155,7 +156,8 @@ class ShareOver:
 
     def __init__(self, arrivals_ms: np.ndarray, threshold_ms: float, overhead_ms: float = 0.0,
                  tail_share: float = TAIL_SHARE) -> None:  # fmt: skip
-        self._arrivals, self._threshold, self._overhead, self._share = arrivals_ms, threshold_ms, overhead_ms, tail_share
+        self._arrivals, self._threshold = arrivals_ms, threshold_ms
+        self._overhead, self._share = overhead_ms, tail_share
         self._batches = self._requests = self._over = 0
         self._first: int | None = None  # the first regeneration's request
 

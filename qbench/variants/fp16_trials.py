@@ -14,9 +14,10 @@ by at least the rounding that storing it in FP16 costs, up to half that spacing,
 trial that moves no output by more than an eighth of that spacing (a quarter of the storage rounding alone) changes
 nothing FP16's own rounding does not dwarf. An output whose every value lies below FP16's smallest normal is not
 stored in FP16 (the variant keeps it in float32, out of range), so its floor is its own scale instead: the spacing
-FP16's 10 bits give its largest value (logits of 1e-9, rounded to zero a layer before, moved by 0.06 subnormals). Harmful clamps are orders of magnitude beyond it (the variance above
-moves outputs by thousands of spacings), harmless ones are 0 or nearly so, so the outcome does not hinge on the
-figure. Non-float outputs must be equal, and an output NaN or inf where FP32's is not (or the reverse) is a change.
+FP16's 10 bits give its largest value (logits of 1e-9, rounded to zero a layer before, moved by 0.06 subnormals).
+Harmful clamps are orders of magnitude beyond it (the variance above moves outputs by thousands of spacings), harmless
+ones are 0 or nearly so, so the outcome does not hinge on the figure. Non-float outputs must be equal, and an output
+NaN or inf where FP32's is not (or the reverse) is a change.
 """
 
 from __future__ import annotations
@@ -272,7 +273,8 @@ def _altered_beyond(graph: onnx.GraphProto, name: str, prefix: str, switch: str,
     graph.initializer.extend([numpy_helper.from_array(np.array(limit, np.float32), prefix + "limit"),
                               numpy_helper.from_array(np.array(factor, np.float32), prefix + "factor")])  # fmt: skip
     return [helper.make_node("Abs", [name], [prefix + "abs"], name=prefix + "abs"),
-            helper.make_node(compare, [prefix + "abs", prefix + "limit"], [prefix + "hit_any"], name=prefix + "hit_any"),
+            helper.make_node(compare, [prefix + "abs", prefix + "limit"], [prefix + "hit_any"],
+                             name=prefix + "hit_any"),
             helper.make_node("And", [prefix + "hit_any", switch], [prefix + "hit"], name=prefix + "hit"),
             helper.make_node("Mul", [name, prefix + "factor"], [prefix + "scaled"], name=prefix + "scaled"),
             helper.make_node("Where", [prefix + "hit", prefix + "scaled", name], [prefix + "altered"],

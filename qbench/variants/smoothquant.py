@@ -12,9 +12,9 @@ max over their weights). The division by s is FOLDED into the tensor's producer
 when every reader of the tensor is in the group and the producer is a
 LayerNorm-like op (scale and bias), a Mul by a per-channel constant, an Add of one
 whose other input folds (a scalar is never widened: `_per_channel_on_last_axis`), or a Linear (its weight's output
-columns and bias), also through a Relu or a Reshape/Flatten that keeps the last axis (GPT-2's Conv1D), or, for an attention context, into V's producer through the
-head merge, attention MatMul and head split (`attention_heads`, where the graph proves each channel stays itself);
-Shape/Size readers of a tensor do not block a fold;
+columns and bias), also through a Relu or a Reshape/Flatten that keeps the last axis (GPT-2's Conv1D), or, for an
+attention context, into V's producer through the head merge, attention MatMul and head split (`attention_heads`, where
+the graph proves each channel stays itself); Shape/Size readers of a tensor do not block a fold;
 otherwise one Mul by 1/s is inserted before the group (or, with
 `unfoldable: skip`, the group is left unsmoothed; with `fold: false` a Mul is always inserted). Per-channel activation
 ranges come from one ORT pass over the calibration batches; the per-tensor ranges after
