@@ -50,6 +50,11 @@ MIN_REQUESTS = 200  # at least twice MIN_P99_SAMPLES: a p99 from fewer holds one
 STEP = 0.8  # a rate the real server misses is retried this much lower
 MAX_RUNS = 16  # real runs at most; when none passes, no rate is claimed
 MAX_SECONDS = 10.0  # of arrivals over all runs: a rate whose run would pass it is not tried (none is claimed)
+# runs the search may make, each within MAX_SECONDS on its own, before it claims a rate whatever MAX_SECONDS: the run
+# at the simulated rate, a step down and the run confirming it, one step more. A run holds MIN_REQUESTS however low
+# its rate (5 s at 39.6 req/s), so MAX_SECONDS alone left a slow model no step down after one miss and, below 40
+# req/s, no run confirming a pass: no rate was claimed, though the budget's 20 req/s was met
+FIRST_CLAIM_RUNS = 4
 # a run at the budget's rate that cannot tell whether the server keeps up is served again once, at least this many
 # runs' worth of requests long (the capacity bound narrows as the square root of its batches: to half as wide)
 SETTLE_RUNS = 4
@@ -267,17 +272,20 @@ def served_max_rate(
     """Serve real requests at `simulated_rps`, then STEP lower each time the real p99 breaks `budget_ms` or the
     server falls behind (STEP below the rate it served, when that is lower: its capacity), until one passes; then
     bisect between it and the lowest rate that failed, to `rel_tol`. A rate passes when two runs at it both do. At
-    most MAX_RUNS runs and MAX_SECONDS of arrivals. Only a rate a real run passed is claimed, never above the simulated
-    one (the simulation already failed every rate above it); a noisy run errs low, never high."""
+    most MAX_RUNS runs and MAX_SECONDS of arrivals, but FIRST_CLAIM_RUNS runs while no rate is claimed yet (each no
+    longer than MAX_SECONDS). Only a rate a real run passed is claimed, never above the simulated one (the simulation
+    already failed every rate above it); a noisy run errs low, never high."""
     rate, failed, best, runs, seconds = simulated_rps, math.inf, None, 0, 0.0
 
     def run(rate: float) -> LoadStats | None:
         """A real run at `rate`, or None past the runs' or the seconds' bound."""
         nonlocal runs, seconds
-        seconds += requests_at(rate) / rate
-        if runs >= MAX_RUNS or seconds > MAX_SECONDS:
+        length = requests_at(rate) / rate
+        first_claim = best is None and runs < FIRST_CLAIM_RUNS
+        if runs >= MAX_RUNS or length > MAX_SECONDS or (seconds + length > MAX_SECONDS and not first_claim):
             return None
         runs += 1
+        seconds += length
         return server(rate, overhead_ms, budget_ms)
 
     while best is None or math.isfinite(failed) and failed - best[0] > rel_tol * best[0]:

@@ -12,7 +12,9 @@ from qbench.results.serving import LoadStats
 from qbench.validate.keep_up import MIN_BATCHES
 from qbench.validate.load import Batcher
 from qbench.validate.serve import (
+    FIRST_CLAIM_RUNS,
     MAX_RUNS,
+    MAX_SECONDS,
     SETTLE_RUNS,
     STEP,
     real_server,
@@ -73,6 +75,37 @@ def test_the_served_rate_steps_down_from_the_simulated_one_until_a_real_run_meet
     never = served_max_rate(lambda rate, overhead_ms, budget_ms: server(1e9, overhead_ms, budget_ms), 5000.0,
                             budget_ms=10.0)  # fmt: skip
     assert never.max_rate_rps is None and never.at_max is None and never.runs <= MAX_RUNS
+
+
+def _slow_server(capacity_rps: float, tried: list[float]):
+    """A synthetic server within a 250 ms budget at rates up to `capacity_rps` and far past it above, recording the
+    rates it was run at; its runs hold MIN_REQUESTS whatever the rate, seconds of arrivals each near 40 req/s."""
+
+    def server(rate, overhead_ms, budget_ms):
+        tried.append(rate)
+        return LoadStats(rate, 200, 30.0, 50.0, 65.9 if rate <= capacity_rps else 900.0, 35.0, 5.0, 1.0, rate)
+
+    return server
+
+
+def test_a_slow_model_missing_the_simulated_rate_gets_its_step_down_and_the_run_confirming_it():
+    """Simulated 39.6 req/s, met for real up to 35: the run at 39.6 misses (5.1 s of arrivals), the step down to 31.7
+    (6.3 s) and its confirmation pass MAX_SECONDS together, yet a search that has claimed nothing makes them: 31.7 is
+    claimed (before: the run at 39.6 alone, no rate claimed)."""
+    tried: list[float] = []
+    found = served_max_rate(_slow_server(35.0, tried), 39.6, budget_ms=250.0)
+    assert tried == [39.6, pytest.approx(STEP * 39.6), pytest.approx(STEP * 39.6)]
+    assert found.max_rate_rps == pytest.approx(STEP * 39.6) and found.runs == 3
+    assert sum(200 / rate for rate in tried) > MAX_SECONDS  # past the seconds' bound, within the first claim's runs
+
+
+def test_the_first_claims_runs_are_bounded_and_a_pass_there_is_still_confirmed_before_it_is_claimed():
+    """Met only up to 21 req/s: 39.6, 31.7, 25.3 miss and 20.3 passes as the FIRST_CLAIM_RUNS-th run, with no run left
+    to confirm it (and MAX_SECONDS spent): nothing is claimed on one run, and no further run is made."""
+    tried: list[float] = []
+    found = served_max_rate(_slow_server(21.0, tried), 39.6, budget_ms=250.0)
+    assert len(tried) == FIRST_CLAIM_RUNS and tried[-1] == pytest.approx(STEP**3 * 39.6)
+    assert found.max_rate_rps is None and found.runs == FIRST_CLAIM_RUNS
 
 
 def test_a_rate_is_claimed_only_when_a_second_run_at_it_meets_the_budget_too():
