@@ -140,6 +140,8 @@ def run_one(path: Path, *, limit: int | None, variants: list[str] | None, prices
         "rows": rows,
         "chosen": None if choice is None else {"variant": choice.variant.variant, "backend": choice.variant.backend,
                                                "max_rate_rps": choice.max_rate_rps,
+                                               # no rate claimed: the simulated one, which bounds it (else null)
+                                               "rate_bound_rps": choice.rate_bound_rps,
                                                "usd_per_million": choice.usd_per_million},  # fmt: skip
         "sweep_seconds": round(seconds, 1),
     }

@@ -32,8 +32,8 @@ def priced(serving: ServingResult, price: float | None, points: Sequence[Latency
     costs = {f"b{p.batch_size}": usd_per_million(price, p.items_per_s) for p in points}
     if serving.max_rate_rps is not None:
         costs["max_rate"] = usd_per_million(price, serving.max_rate_rps)
-        if serving.rate_rps:
-            costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instances_at_rate(serving))
+    if serving.rate_rps and (serving.max_rate_rps is not None or met_at_rate(serving)):
+        costs["at_rate"] = usd_per_million_at_rate(price, serving.rate_rps, instances_at_rate(serving))
     return replace(serving, price_per_hour=price, usd_per_million=costs)
 
 
@@ -44,13 +44,15 @@ def instances_at_rate(serving: ServingResult) -> int | None:
     rate met, 783 req/s claimed beside a pass at 1,873 req/s, priced as 3); else the sweep's `split_instances`,
     from ceil(rate / highest rate within budget) up, not that ceil alone: with a queue delay a lower rate can miss a
     budget a higher one meets (8 rows in 1 ms, 10 ms delay: 4 ms met from about 4,000 to 6,937 req/s; 7,500 req/s
-    was priced on 2 instances at 3,750 req/s each, p99 4.3 ms). None where one instance misses the rate it exceeds."""
+    was priced on 2 instances at 3,750 req/s each, p99 4.3 ms). None where one instance misses the rate it exceeds,
+    or no highest rate within budget was claimed. One instance meeting the rate needs no claimed highest rate: a real
+    run there met the budget (a slow model's served search can claim none near its capacity)."""
     rate, highest = serving.rate_rps, serving.max_rate_rps
-    if not rate or highest is None:
+    if not rate:
         return None
     if met_at_rate(serving):
         return 1
-    if highest >= rate:
+    if highest is None or highest >= rate:
         return None
     return serving.split_instances or None
 

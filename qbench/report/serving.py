@@ -18,6 +18,7 @@ from qbench.results.schema import EMULATED, SweepResults, VariantResult
 from qbench.results.serving import ServingResult
 from qbench.slo import SLO_SCOPE, p99_basis
 from qbench.validate.catalogue import within
+from qbench.validate.cost import usd_per_million
 from qbench.validate.load_search import MAX_BATCHES, MAX_REQUESTS
 
 _NONE = "—"
@@ -27,10 +28,34 @@ _OVERLOADED = "overloaded"
 @dataclass(frozen=True)
 class Choice:
     variant: VariantResult
-    usd_per_million: float | None  # at the highest rate within the budget (None: no price)
+    # at max_rate_rps (None: no price); where no rate was claimed, the most serving within the budget can cost
+    usd_per_million: float | None
+    # the highest rate within the budget real runs showed: the served search's claim, else the budget's own rate a
+    # real run met (0: none shown)
     max_rate_rps: float
     # at the budget's rate on the whole instances it takes (None: no price, or a budget without a rate)
     usd_per_million_at_rate: float | None = None
+    # where the served search claimed no rate: the simulated highest rate within budget, which it never claims above
+    # (qbench.validate.serve.served_max_rate; inf: none simulated); None: max_rate_rps was claimed
+    rate_bound_rps: float | None = None
+
+    @property
+    def rates(self) -> tuple[float, float]:
+        """The least and the most its highest rate within budget can be."""
+        return self.max_rate_rps, self.max_rate_rps if self.rate_bound_rps is None else self.rate_bound_rps
+
+    def costs(self, at_rate: bool) -> tuple[float, float]:
+        """The least and the most it costs per million: at the budget's rate (`at_rate`, known for each candidate
+        then), else at its highest rate within budget, the most at the rate shown and the least at the simulated
+        bound; (0, 0) without a price (ranked by rate alone)."""
+        if at_rate and self.usd_per_million_at_rate is not None:
+            return self.usd_per_million_at_rate, self.usd_per_million_at_rate
+        price = self.variant.serving.price_per_hour if self.variant.serving is not None else None
+        if self.usd_per_million is None or price is None:
+            return 0.0, 0.0
+        bound = self.rate_bound_rps
+        least = self.usd_per_million if bound is None else 0.0 if math.isinf(bound) else usd_per_million(price, bound)
+        return least, self.usd_per_million
 
 
 def _fmt(value: float | None, unit: str = "") -> str:
@@ -108,26 +133,31 @@ def _meeting(results: SweepResults, gate: GateReport | None) -> list[VariantResu
             and slo_verdict(gate, v) not in ("breach", "unjudged") and _within_budget(v)]  # fmt: skip
 
 
-def unrated(results: SweepResults, gate: GateReport | None) -> list[str]:
-    """The variants meeting accuracy and the SLO without a highest rate within budget (none the search or the real
-    server showed, while the budget's own rate met it): no cost to rank them by, so no variant can be named the
-    cheapest, nor 'none' said while they meet both."""
-    return [v.key for v in _meeting(results, gate) if v.serving is None or v.serving.max_rate_rps is None]
-
-
 def _candidates(results: SweepResults, gate: GateReport | None) -> list[Choice]:
-    """The variants meeting accuracy and the SLO (`_meeting`) with a highest rate within budget, with their cost per
-    million at that rate."""
+    """The variants meeting accuracy and the SLO (`_meeting`), with their highest rate within budget and its cost per
+    million: the served search's claim, or where it claimed none, the range from the budget's own rate a real run met
+    (for a rate budget) up to the simulated highest rate."""
     candidates = []
     for variant in _meeting(results, gate):
         serving = variant.serving
-        if serving is None or serving.max_rate_rps is None:
+        if serving is None:
             continue
-        cost, at_rate = (serving.usd_per_million.get(key) for key in ("max_rate", "at_rate"))
-        candidates.append(Choice(variant, cost if cost is not None and math.isfinite(cost) else None,
-                                 serving.max_rate_rps,
-                                 at_rate if at_rate is not None and math.isfinite(at_rate) else None))  # fmt: skip
+        at_rate = _finite(serving.usd_per_million.get("at_rate"))
+        if serving.max_rate_rps is not None:
+            candidates.append(Choice(variant, _finite(serving.usd_per_million.get("max_rate")), serving.max_rate_rps,
+                                     at_rate))  # fmt: skip
+            continue
+        shown = serving.rate_rps if serving.rate_rps and met_at_rate(serving) else 0.0
+        simulated = serving.simulated_max_rate_rps
+        bound = max(simulated, shown) if simulated is not None else math.inf
+        price = serving.price_per_hour
+        most = None if price is None else math.inf if not shown else usd_per_million(price, shown)
+        candidates.append(Choice(variant, most, shown, at_rate, bound))
     return candidates
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[str]:
@@ -139,29 +169,86 @@ def unpriced_backends(results: SweepResults, gate: GateReport | None) -> list[st
     return sorted({c.variant.backend for c in candidates if c.usd_per_million is None})
 
 
+def _by_rate_cost(candidates: list[Choice]) -> bool:
+    """Whether the candidates are ranked by what the budget's rate costs on the instances it takes: every candidate's
+    budget has the same rate and each such cost is known."""
+    rates = {c.variant.serving.rate_rps for c in candidates if c.variant.serving is not None}
+    return len(rates) == 1 and all(c.usd_per_million_at_rate is not None for c in candidates)
+
+
+def _surely_cheaper(first: Choice, other: Choice, at_rate: bool) -> bool:
+    """Whether `first` ranks before `other` wherever in their ranges their highest rates within budget lie: its most
+    cost below the other's least, or one cost for both and its least rate above the other's most (ties go to the
+    higher rate), or both fully known and equal (then by name)."""
+    (low, high), (other_low, other_high) = first.costs(at_rate), other.costs(at_rate)
+    if high < other_low:
+        return True
+    if not low == high == other_low == other_high:
+        return False
+    (slow, fast), (other_slow, other_fast) = first.rates, other.rates
+    if slow > other_fast:
+        return True
+    return slow == fast == other_slow == other_fast and first.variant.key < other.variant.key
+
+
+def ranked(results: SweepResults, gate: GateReport | None) -> tuple[Choice | None, list[Choice]]:
+    """The cheapest candidate, or None and the candidates it may be (those no other is surely cheaper than: two or
+    more whose costs overlap; none when no variant meets both). See `cheapest`."""
+    candidates = _candidates(results, gate)
+    at_rate = _by_rate_cost(candidates)
+    contenders = [c for c in candidates if not any(_surely_cheaper(o, c, at_rate) for o in candidates if o is not c)]
+    return (contenders[0], []) if len(contenders) == 1 else (None, contenders)
+
+
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     """Among variants accurate enough and within the latency budget (`_candidates`), the one with the lowest cost
     per million serving the budget's rate on the whole instances it takes, where every candidate's budget has the same
     rate, else at its highest rate within budget (by that rate when no price is given); ties go to the higher rate.
     Per-backend budgets at different rates price different traffic: one instance of a $1/h machine at its 2,000 req/s
     ($0.139 per million) was named cheaper than one of a $0.10/h machine at its 100 req/s ($0.278), which serves
-    either traffic for less (up to 400 req/s within budget: $0.0694 per million at 100 req/s and at 2,000). None
-    also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`, `unrated`). At the highest
-    rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one instance
-    of either."""
-    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate) or unrated(results, gate):
+    either traffic for less (up to 400 req/s within budget: $0.0694 per million at 100 req/s and at 2,000). At the
+    highest rate alone, a dearer machine with more headroom ranked cheaper even where the budget's traffic fits one
+    instance of either. A variant whose served search claimed no rate is ranked by the range its rate lies in (from
+    the budget's rate a real run met up to the simulated highest rate, which no real one is claimed above): it, or
+    another, is the cheapest wherever in that range the rate lies, else none is named (`ranked`). A MiniLM FP32 met
+    20 req/s for real, simulated up to 39.6, no rate claimed: the report said 'cannot tell' beside an INT8 at $0.27
+    per million, while FP32's cost is at least $0.59 (at 39.6 req/s). None also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`)."""
+    if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
         return None
-    candidates = _candidates(results, gate)
-    if not candidates:
-        return None
-    rates = {c.variant.serving.rate_rps for c in candidates if c.variant.serving is not None}
-    at_rate = len(rates) == 1 and all(c.usd_per_million_at_rate is not None for c in candidates)
+    return ranked(results, gate)[0]
 
-    def cost(choice: Choice) -> float:
-        value = choice.usd_per_million_at_rate if at_rate else choice.usd_per_million
-        return value if value is not None else 0.0
 
-    return min(candidates, key=lambda c: (cost(c), -c.max_rate_rps, c.variant.key))
+def _range_text(choice: Choice, at_rate: str = "") -> str:
+    """A candidate's figures in words: its highest rate within budget and its cost per million there, or the ranges
+    they lie in where no rate was claimed, then `at_rate` (its cost at the budget's rate, in words) if given."""
+    if choice.rate_bound_rps is None:
+        cost = (f"${choice.usd_per_million:.4g} per million" + " there" * bool(at_rate)
+                if choice.usd_per_million is not None else "no price given")  # fmt: skip
+        rate = f"up to {rate_within(choice.max_rate_rps)} req/s within budget"
+    else:
+        low, high = choice.costs(at_rate=False)
+        cost = ("no price given" if choice.usd_per_million is None
+                else f"at least ${low:.4g} per million" if math.isinf(high)
+                else f"at most ${high:.4g} per million" if low == 0
+                else f"${low:.4g} to ${high:.4g} per million")  # fmt: skip
+        shown = (f"met the budget for real at {rate_within(choice.max_rate_rps)} req/s" if choice.max_rate_rps
+                 else "met it at no real rate")  # fmt: skip
+        bound = (f"at most the simulated {rate_within(choice.rate_bound_rps)} req/s"
+                 if math.isfinite(choice.rate_bound_rps) else "no simulated rate bounding it")  # fmt: skip
+        rate = f"{shown}, no higher rate claimed, {bound}"
+    return f"{choice.variant.key} ({rate}, {cost}{'; ' + at_rate if at_rate else ''})"
+
+
+def _undecided_text(contenders: list[Choice], at_rate: bool) -> str:
+    """Why no variant is named among `contenders`: their costs, or the rates their equal costs are ranked by,
+    overlap."""
+    if at_rate:
+        cost = contenders[0].usd_per_million_at_rate or 0.0
+        rate = contenders[0].variant.serving.rate_rps if contenders[0].variant.serving is not None else 0.0
+        return (f"{', '.join(c.variant.key for c in contenders)} each cost ${cost:.4g} per million at the budget's "
+                f"{rate:g} req/s, and the tie goes to the higher rate within budget, which their figures do not "
+                f"order: {'; '.join(_range_text(c) for c in contenders)}")  # fmt: skip
+    return f"the costs of {' and '.join(_range_text(c) for c in contenders)} overlap"
 
 
 def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
@@ -208,22 +295,25 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         elif unpriced := unpriced_backends(results, gate):
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no price for {', '.join(unpriced)} while "
                          "other backends have one (give every backend cost.price_per_hour, or --price)")  # fmt: skip
-        elif unmeasured := unrated(results, gate):
-            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no rate within the budget was shown for "
-                         f"{', '.join(unmeasured)}, which meet both (no cost per million to rank by)")  # fmt: skip
+        elif choice is None and len(contenders := ranked(results, gate)[1]) > 1:
+            at_rate = _by_rate_cost(_candidates(results, gate))
+            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: {_undecided_text(contenders, at_rate)}")
         elif choice is None:
             lines.append("cheapest meeting accuracy and SLO: none")
         else:
-            priced = choice.usd_per_million is not None
-            cost = f"${choice.usd_per_million:.4g} per million" if priced else "no price given"
-            rate = choice.variant.serving.rate_rps if choice.variant.serving is not None else None
-            instances = instances_at_rate(choice.variant.serving) if choice.variant.serving is not None else None
-            if choice.usd_per_million_at_rate is not None and rate and instances:
-                cost += (f" there; ${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
-                         f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
-            lines.append(f"cheapest meeting accuracy and SLO: {choice.variant.key} "
-                         f"(up to {rate_within(choice.max_rate_rps)} req/s within budget, {cost})")  # fmt: skip
+            lines.append(f"cheapest meeting accuracy and SLO: {_choice_text(choice)}")
     return lines
+
+
+def _choice_text(choice: Choice) -> str:
+    """The cheapest variant, its highest rate within budget (or the range it lies in) and its costs, in words."""
+    serving = choice.variant.serving
+    rate = serving.rate_rps if serving is not None else None
+    instances = instances_at_rate(serving) if serving is not None else None
+    if choice.usd_per_million_at_rate is None or not rate or not instances:
+        return _range_text(choice)
+    return _range_text(choice, f"${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
+                               f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
 
 
 def _ms(values: set[float]) -> str:
