@@ -189,6 +189,11 @@ def test_an_overloaded_budget_rate_breaches_whatever_its_simulated_p99():
     assert gate.status_of("int8-ok", "onnxruntime-cpu") == "pass"
     line = slo_lines(results, gate)[0]
     assert line.startswith("SLO BREACH int8-fast@onnxruntime-cpu: overloaded at 100 req/s") and "max 80.0 req/s" in line
+    # no real rate claimed below a simulated one: not said to be no rate within budget at all
+    unclaimed = replace(overloaded, max_rate_rps=None, simulated_max_rate_rps=90.0)
+    line = slo_lines(replace(results, variants=tuple(replace(v, serving=unclaimed) if v.variant == "int8-fast" else v
+                                                     for v in results.variants)), gate)[0]  # fmt: skip
+    assert "(simulated up to 90.0 req/s within budget, no real rate claimed)" in line
     assert cheapest(results, gate).variant.variant == "int8-ok"
     fp32 = results.find("fp32", "onnxruntime-cpu")  # the reference is not gated: judged by cheapest() itself
     cheap_fp32 = replace(fp32.serving, at_rate=replace(_load(5.0), overloaded=True), usd_per_million={"max_rate": 0.01})

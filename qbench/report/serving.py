@@ -212,7 +212,8 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     the budget's rate a real run met up to the simulated highest rate, which no real one is claimed above): it, or
     another, is the cheapest wherever in that range the rate lies, else none is named (`ranked`). A MiniLM FP32 met
     20 req/s for real, simulated up to 39.6, no rate claimed: the report said 'cannot tell' beside an INT8 at $0.27
-    per million, while FP32's cost is at least $0.59 (at 39.6 req/s). None also when the costs cannot be ranked (`mixed_machine_costs`, `unpriced_backends`)."""
+    per million, while FP32's cost is at least $0.59 (at 39.6 req/s). None also when the costs cannot be ranked
+    (`mixed_machine_costs`, `unpriced_backends`)."""
     if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
         return None
     return ranked(results, gate)[0]
@@ -262,9 +263,8 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         serving = variant.serving if variant else None
         where = f"at {serving.rate_rps:g} req/s" if serving and serving.rate_rps else "at its budget batch size"
         if serving is not None and serving.at_rate is not None and serving.at_rate.overloaded:
-            within_budget = f"max {rate_within(serving.max_rate_rps)} req/s" if serving.max_rate_rps else "no rate"
             lines.append(f"SLO BREACH {check.variant}@{check.backend}: overloaded {where}: above what one instance "
-                         f"sustains ({within_budget} within budget), so its queue grows "
+                         f"sustains ({_rate_within_text(serving)}), so its queue grows "
                          f"without bound (p99 {check.observed:.4g} ms over the {serving.at_rate.requests} simulated "
                          "requests only)")  # fmt: skip
             continue
@@ -314,6 +314,16 @@ def _choice_text(choice: Choice) -> str:
         return _range_text(choice)
     return _range_text(choice, f"${choice.usd_per_million_at_rate:.4g} per million at the budget's {rate:g} req/s on "
                                f"{instances} instance{'s' * (instances > 1)}")  # fmt: skip
+
+
+def _rate_within_text(serving: ServingResult) -> str:
+    """The highest rate within budget in words: the one real runs claimed, else the simulated one they claimed none
+    at or below (the search's runs can end first), else none."""
+    if serving.max_rate_rps:
+        return f"max {rate_within(serving.max_rate_rps)} req/s within budget"
+    if serving.simulated_max_rate_rps:
+        return f"simulated up to {rate_within(serving.simulated_max_rate_rps)} req/s within budget, no real rate claimed"
+    return "no rate within budget"
 
 
 def _ms(values: set[float]) -> str:

@@ -18,7 +18,8 @@
                               (the rate is then claimed lower than more requests could place it)
       max_rate_rps, at_max_rate LoadStats, served_runs
                               the highest rate, from the simulated one down, at which a real in-process server met
-                              the budget (null: none tried did), its real figures, the real runs tried
+                              the budget in two runs (null: none tried within the search's runs and seconds did),
+                              its real figures, the real runs tried
       split_instances         where one instance does not serve the budget's rate within budget: the fewest whole
                               instances, from ceil(rate / max_rate) up, at whose share of the rate the simulation
                               showed the p99 within budget (0: none of those tried; null: not needed or not swept)

@@ -259,7 +259,8 @@ def requests_at(rate_rps: float) -> int:
 
 @dataclass(frozen=True)
 class ServedRate:
-    """The highest rate a real run met the budget at (None: none tried did), its real figures, the runs."""
+    """The highest rate two real runs met the budget at (None: no rate tried within the search's bounds was met in
+    two runs, a run passing as the last the bounds allowed included), its real figures, the runs."""
 
     max_rate_rps: float | None
     at_max: LoadStats | None
