@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import copy
+import inspect
 import io
 import logging
 import os
@@ -431,3 +432,16 @@ def _apart(target: Console, renderable: RenderableType) -> tuple[Text | None, Re
     bare.title = bare.caption = None
     return (line(renderable.title, renderable.title_style or "table.title"), bare,
             line(renderable.caption, renderable.caption_style or "table.caption"))  # fmt: skip
+
+
+def unwrap_help(typer_app: Any) -> None:
+    """Give every command of a typer app (and of the apps added under it) the help its docstring writes, each
+    paragraph on one line, for the help screen to wrap at its own width. Typer joins the lines of a docstring's
+    first paragraph but keeps the source's line breaks in the others, so `qbench gate --help` broke mid-sentence
+    ("with\\n GITHUB_STEP_SUMMARY\\n set") wherever the source wrapped at 120 columns, in a terminal and a CI log alike."""
+    for command in typer_app.registered_commands:
+        written = command.help if command.help is not None else inspect.getdoc(command.callback)
+        if written:
+            command.help = "\n\n".join(" ".join(paragraph.split()) for paragraph in written.split("\n\n"))
+    for group in typer_app.registered_groups:
+        unwrap_help(group.typer_instance)

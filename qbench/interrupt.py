@@ -140,9 +140,11 @@ def held() -> Iterator[None]:
 def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> int | None:
     """Run `command` in a session (process group) of its own until it ends; returns its exit code.
 
-    SIGINT/SIGTERM sent to this process are passed on to the whole group (a server and every
-    worker it forked: workers outlive a signal to their parent alone); whatever is still alive
-    `stop_timeout_s` later is killed. Stopped that way, it returns None: a server that ends by itself
+    SIGINT/SIGTERM sent to this process stop the whole group with SIGTERM (a server and every
+    worker it forked: workers outlive a signal to their parent alone). Not SIGINT: a Python worker still
+    starting raised KeyboardInterrupt and printed its traceback, eight of them on Ctrl+C in `qbench ui`
+    (MLflow's job consumers were importing); SIGTERM ends those without a word and is a server's own
+    stop request. Whatever is still alive `stop_timeout_s` later is killed. Stopped that way, it returns None: a server that ends by itself
     (whatever its status: MLflow's UI exits 0 when its port is taken) was not stopped by its user.
     """
     process = subprocess.Popen(list(command), start_new_session=True)  # the group id is the leader's pid
@@ -151,7 +153,7 @@ def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> i
     def forward(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signum)
+            os.killpg(process.pid, signal.SIGTERM)
 
     previous = {signum: signal.signal(signum, forward) for signum in _SIGNALS}
     try:

@@ -108,7 +108,9 @@ def with_prices(recipe: Recipe, prices: Sequence[str]) -> Recipe:
     """The recipe with `--price backend=USD` entries (USD per hour) over its cost.price_per_hour."""
     merged = dict(recipe.cost.price_per_hour) if recipe.cost is not None else {}
     for entry in prices:
-        backend, _, value = entry.partition("=")
+        backend, equals, value = entry.partition("=")
+        if not equals:  # `--price 0.10`: which backend it prices is missing, not misspelt
+            raise QbenchError(f"--price {entry}: expected backend=USD per hour (e.g. {recipe.backends[0]}=0.10)")
         if backend not in recipe.backends:
             raise QbenchError(f"--price {entry}: backend {expected_one_of(backend, recipe.backends)}")
         try:

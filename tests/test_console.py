@@ -97,3 +97,30 @@ def test_an_annotation_is_one_workflow_command_under_github_actions_only(monkeyp
     monkeypatch.setenv("GITHUB_ACTIONS", "true")
     annotate_error("gate: a, b", "drop 5% > 1%\r\nof: a, b", target)
     assert out.getvalue() == "::error title=gate%3A a%2C b::drop 5%25 > 1%25%0D%0Aof: a, b\n"
+
+
+def test_a_commands_help_is_unwrapped_paragraph_by_paragraph_under_every_group() -> None:
+    """Typer keeps the docstring's line breaks after its first paragraph, so the help screen broke lines where the
+    source did: each paragraph becomes one line (the screen wraps it), paragraphs stay apart, in added apps too."""
+    import typer
+
+    from qbench.console import unwrap_help
+
+    app, group = typer.Typer(), typer.Typer()
+
+    @app.command()
+    def top() -> None:
+        """Short summary
+        of the command.
+
+        A second paragraph the source
+        wrapped   at its width."""
+
+    @group.command(help="given\nas an option")
+    def inner() -> None:
+        pass
+
+    app.add_typer(group, name="group")
+    unwrap_help(app)
+    assert app.registered_commands[0].help == "Short summary of the command.\n\nA second paragraph the source wrapped at its width."
+    assert group.registered_commands[0].help == "given as an option"

@@ -57,3 +57,28 @@ def test_a_held_back_signal_is_dropped_once_the_clean_up_ignores_signals() -> No
         guard._handle(signal.SIGTERM, _frame_in("<frozen importlib._bootstrap>"))  # type: ignore[arg-type]
         guard.ignore()
         _wait_for_signal(0.2)  # no Interrupted: the clean-up runs to its end
+
+
+def test_a_stopped_process_group_ends_without_a_traceback_from_each_worker(tmp_path, capfd) -> None:
+    """Ctrl+C on `qbench ui` passed SIGINT to the UI's process group: each Python worker raised KeyboardInterrupt and
+    printed a traceback (eight, from MLflow's job consumers still importing). The group is stopped with SIGTERM."""
+    import sys
+    import threading
+
+    from qbench.interrupt import run_process_group
+
+    ready = tmp_path / "ready"
+    worker = "import time; time.sleep(60)"
+    server = (f"import pathlib, subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+              f"time.sleep(0.5); pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")  # fmt: skip
+
+    def interrupt_once_started() -> None:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    assert run_process_group([sys.executable, "-c", server]) is None  # stopped by its user
+    said = capfd.readouterr().err
+    assert "Traceback" not in said and "KeyboardInterrupt" not in said, said

@@ -379,6 +379,9 @@ def test_price_on_the_command_line(tmp_path):
         with_prices(recipe, ["tensorrt=1"])
     with pytest.raises(QbenchError, match="a positive number"):
         with_prices(recipe, ["onnxruntime-cpu=-2"])
+    # no `=`: the backend is missing, not misspelt (it read "backend got '0.10', expected one of onnxruntime-cpu")
+    with pytest.raises(QbenchError, match=r"^--price 0.10: expected backend=USD per hour \(e.g. onnxruntime-cpu=0.10\)$"):
+        with_prices(recipe, ["0.10"])
 
 
 def test_cost_figures_of_a_sweep_by_hand(tmp_path):

@@ -38,6 +38,7 @@ from qbench.console import (
     print_error,
     print_wide,
     stdout_kept_for_a_document,
+    unwrap_help,
 )
 from qbench.console import stdout_console as out
 from qbench.errors import QbenchError, one_line
@@ -424,6 +425,8 @@ def list_registered() -> int:
             out.print(f"metric {info.name:<15} {task:<15} {direction}: {info.description}")
     return 0
 
+
+unwrap_help(app)  # every command is registered above
 
 DEBUG_FLAG = "--debug"
 

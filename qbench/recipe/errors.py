@@ -43,18 +43,33 @@ def recipe_error(path: Path, exc: ValidationError, root: type[BaseModel]) -> Rec
         message, field = _split_field_prefix(message, field)
     elif kind in _TYPE_MESSAGES:
         kinds = _union_kinds(errors, first, tags)
-        expected = " or ".join(dict.fromkeys(_TYPE_MESSAGES[k].removeprefix("expected ") for k in kinds))
-        message = f"expected {expected}, got {short_repr(first['input'])}{_quote_hint(first['input'], kinds)}"
+        message = f"{_expected_types(kinds)}, got {short_repr(first['input'])}{_quote_hint(first['input'], kinds)}"
     else:
         message = f"{first['msg'][0].lower()}{first['msg'][1:]}, got {short_repr(first['input'])}"
-    fields = [_field_of(error, tags) for error in errors]
+    firsts: dict[str, Any] = {}  # each field's first error, in pydantic's order
+    for error in errors:
+        firsts.setdefault(_field_of(error, tags), error)
     # a union's members share one field, or (_inside_the_value) the other member's is the field around the one reported
-    reported = {_field_of(first, tags), fields[0]}
-    others = [other for other in dict.fromkeys(fields) if other not in reported]
+    reported = {_field_of(first, tags), _field_of(errors[0], tags)}
+    others = [other for other in firsts if other not in reported]
     if others:
-        shown = ", ".join(others[:_OTHERS_SHOWN]) + (", ..." if len(others) > _OTHERS_SHOWN else "")
-        message += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: at {shown})"
+        shown = "; ".join(f"{other}: {_in_brief(errors, firsts[other], tags)}" for other in others[:_OTHERS_SHOWN])
+        shown += "; ..." if len(others) > _OTHERS_SHOWN else ""
+        message += f" (and {len(others)} more problem{'s' if len(others) > 1 else ''}: {shown})"
     return RecipeError(path, field, message)
+
+
+def _in_brief(errors: list[Any], error: Any, tags: set[str]) -> str:
+    """What is wrong at a further problem's field, in a few words: the line named the field alone ('and 1 more
+    problem: at foo'), where an unknown key, a missing field and a wrong type each want another edit."""
+    kind = error["type"]
+    if kind in _TYPE_MESSAGES:
+        return _expected_types(_union_kinds(errors, error, tags))
+    brief = {"extra_forbidden": "unknown key", "missing": "required field is missing",
+             "literal_error": "not one of the values it takes"}.get(kind)  # fmt: skip
+    if brief is None and kind != "value_error":  # pydantic's own constraint messages are short ('input should be ...')
+        brief = f"{error['msg'][0].lower()}{error['msg'][1:]}"
+    return brief or "not a value it takes"
 
 
 def _plain_loc(error: Any, tags: set[str]) -> list[Any]:
@@ -77,6 +92,11 @@ def _inside_the_value(errors: list[Any], tags: set[str]) -> Any:
     outer = _plain_loc(first, tags)
     inner = [e for e in errors if len(loc := _plain_loc(e, tags)) > len(outer) and loc[: len(outer)] == outer]
     return inner[0] if inner else first
+
+
+def _expected_types(kinds: list[str]) -> str:
+    """'expected a string or a whole number': what the members of a union (or a plain type) take."""
+    return "expected " + " or ".join(dict.fromkeys(_TYPE_MESSAGES[k].removeprefix("expected ") for k in kinds))
 
 
 def _union_kinds(errors: list[Any], first: Any, tags: set[str]) -> list[str]:

@@ -176,6 +176,27 @@ def test_validate_help_says_it_runs_the_reference(capsys):
     assert "FP32 runs a few rows on each backend; no variant is built" in said
 
 
+def test_no_paragraph_of_a_commands_help_keeps_the_sources_line_breaks():
+    """`qbench gate --help` printed "...; with" / "GITHUB_STEP_SUMMARY" / "set, also ..." on three lines: typer kept the
+    docstring's breaks after the first paragraph. Every command's help is now a paragraph per line for the screen to
+    wrap."""
+    import typer
+
+    from qbench.cli.app import app
+
+    helps: dict[str, str] = {}
+
+    def walk(command, path: str) -> None:
+        helps[path] = command.help or ""
+        for name, sub in (getattr(command, "commands", None) or {}).items():
+            walk(sub, f"{path} {name}")
+
+    walk(typer.main.get_command(app), "qbench")
+    assert len(helps) >= 12 and all(helps.values()), helps  # the commands and groups, each with a help
+    broken = [path for path, text in helps.items() if any("\n" in part for part in text.split("\n\n"))]
+    assert not broken, broken
+
+
 def test_validate_runs_the_reference_so_a_model_the_runtime_refuses_fails_before_the_sweep(tmp_path, capsys):
     recipe = _double_zipmap_project(tmp_path)
     assert main(["validate", str(recipe)]) == 2

@@ -357,14 +357,18 @@ def test_latency_stability_defaults_null_and_bounds(tmp_path):
     assert "latency.stability.windows" in error_of(tmp_path, with_changes(latency={"stability": {"windows": 1}}))
 
 
-def test_a_recipe_with_several_problems_names_where_the_others_are(tmp_path):
-    """Only the first problem is spelled out; the others' fields are named, so one edit can fix them all."""
+def test_a_recipe_with_several_problems_names_where_the_others_are_and_what_is_wrong_there(tmp_path):
+    """Only the first problem is spelled out; the others' fields are named with what is wrong there in a few words, so
+    one edit can fix them all (the line said 'at latency.warmup' alone: a misspelt key and a wrong type read alike)."""
     body = with_changes(latency={"batch_size": [1], "warmup": "x", "threads": -1})
     message = error_of(tmp_path, body)
-    assert message.count("(and 2 more problems: at ") == 1 and message.endswith(")")
-    others = message.split("(and 2 more problems: at ")[1].rstrip(")").split(", ")
+    assert message.count("(and 2 more problems: ") == 1 and message.endswith(")")
+    others = dict(o.split(": ", 1) for o in message.split("(and 2 more problems: ")[1].removesuffix(")").split("; "))
     first = message.split(": ")[1]
     assert sorted([first, *others]) == ["latency.batch_size", "latency.threads", "latency.warmup"]
+    briefs = {"latency.batch_size": "unknown key", "latency.warmup": "expected a whole number",
+              "latency.threads": "input should be greater than 0"}  # fmt: skip
+    assert others == {field: briefs[field] for field in others}
 
 
 UNQUOTED_NAMES = """\
@@ -388,7 +392,7 @@ def test_class_names_yaml_reads_as_booleans_say_to_quote_them_and_count_each_fie
     body = UNQUOTED_NAMES.replace("output: 13", "output: p").replace("label: y}", "label: y, classes: [no, yes]}")
     assert error_of(tmp_path, body) == (
         "recipe.yaml: data.classes[0]: expected a string or a whole number, got False (YAML reads unquoted "
-        "yes/no/on/off/true/false as true or false: quote text such as 'no') (and 1 more problem: at data.classes[1])"
+        "yes/no/on/off/true/false as true or false: quote text such as 'no') (and 1 more problem: data.classes[1]: expected a string or a whole number)"
     )
 
 
@@ -437,7 +441,7 @@ def test_a_value_inside_a_list_or_mapping_of_a_union_field_is_named_where_it_lie
                      "to keep it text)")  # fmt: skip
     error = error_of(tmp_path, with_changes(**multilabel, data={**BASE["data"], "label": [True, "toxic", 4]}))
     assert error.startswith("recipe.yaml: data.label[0]: expected a string, got True (YAML reads unquoted")
-    assert error.endswith("(and 1 more problem: at data.label[2])")
+    assert error.endswith("(and 1 more problem: data.label[2]: expected a string)")
     inputs = {"text": {"tokenizer": {"path": 7}}}
     assert error_of(tmp_path, with_changes(data={**BASE["data"], "inputs": inputs})).startswith(
         "recipe.yaml: data.inputs.text.tokenizer.path: expected a string, got 7"
