@@ -13,7 +13,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -155,7 +155,7 @@ def read_labels(
 ) -> np.ndarray | None:
     """The label column(s) read and checked by the task (type, then against every evaluated output)."""
     positions = np.asarray(rows)
-    values = label_cells(table, recipe.data, positions, recipe_file=recipe.source)  # None without labels
+    values = cells = label_cells(table, recipe.data, positions, recipe_file=recipe.source)  # None without labels
     if values is None:
         for choice in outputs:
             reason = task.labels_needed(choice.meta)
@@ -174,7 +174,7 @@ def read_labels(
         single = isinstance(recipe.data.label, str)  # its text cells: '0,5' in a CSV not declaring decimal commas, ...
         column = recipe.data.label if single else ""
         hint = text_cells_hint(table[column]) + unlabelled_hint(table, column, positions) if single else ""
-        raise label_error(recipe, exc, hint) from None
+        raise label_error(recipe, exc, hint + default_task_hint(recipe, cells)) from None
     return labels
 
 
@@ -207,3 +207,28 @@ def check_labels_fit_outputs(prepared: Prepared, outputs: Mapping[str, np.ndarra
             task.check_labels_against_reference(prepared.labels, meta, values, labels)
         except LabelError as exc:
             raise label_error(prepared.recipe, exc) from None
+
+
+def default_task_hint(recipe: Recipe, cells: Sequence[Any]) -> str:
+    """For an error about labels read by the default task: that the recipe states none, where the label cells are
+    floats (one per row, or a list per row). A regressor's targets (diabetes' 151.0 ..., two per row of a
+    MultiOutputRegressor) were refused as class ids outside the output's classes, or as token labels, and nothing said
+    that `task` had been left to its default. Whole floats beside missing cells are the class ids of an integer column
+    with gaps (pandas reads it as floats), not targets."""
+    if "task" in recipe.model_fields_set or recipe.task != "classification":
+        return ""
+    floats = np.array([v for cell in cells for v in _cell_floats(cell)], dtype=np.float64)
+    finite = floats[np.isfinite(floats)]
+    whole_with_gaps = finite.size < floats.size and bool(np.all(finite == np.round(finite)))
+    if not finite.size or whole_with_gaps:
+        return ""
+    return ("; the recipe sets no task, so these labels were read as class ids (task: classification); for a "
+            "regressor's targets, one or a list per row, set task: regression")
+
+
+def _cell_floats(cell: Any) -> list[float]:
+    """The floats a label cell is or holds (a list cell's, nested lists included); a class id is an integer or a
+    name."""
+    if isinstance(cell, (list, tuple, np.ndarray)):
+        return [v for item in cell for v in _cell_floats(item)]
+    return [float(cell)] if isinstance(cell, (float, np.floating)) else []

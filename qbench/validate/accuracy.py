@@ -357,19 +357,22 @@ def scale_doubts(
 
 
 def one_class_readings(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None],
-                       cut: Collection[str], labels: np.ndarray | None) -> dict[str, str]:  # fmt: skip
+                       cut: Collection[str], labels: np.ndarray | None, *,
+                       task_stated: bool = True) -> dict[str, str]:  # fmt: skip
     """Output name -> why its decisions say little, for each single score column whose split FP32's values chose
     (no threshold in the graph: no comparison that makes its label, no Sigmoid or linear layer that makes it) and at
     which FP32 decides every finite evaluation row one class while the labels hold both. An anomaly score (an
     autoencoder's reconstruction error, within [0, 1], so read as a probability) split at 0.5 put all 897 rows of a
     digits detector in class 0: a variant's accuracy, agreement and flip_rate moved only where it carried a score
-    across 0.5, far from every score, and every variant passed."""
+    across 0.5, far from every score, and every variant passed. Without labels, only where the recipe leaves `task` to
+    its default (`task_stated` false): a regressor's output (a PolynomialFeatures + Ridge on diabetes, 25 .. 318) read
+    as one logit put all 442 rows in class 1, and agreement was 1.0 for every variant, BF16 moving values by 1.5."""
     judge = get_task(task)
     found = {}
     for name, values in reference_outputs.items():
         values = np.asarray(values)
         stated_by_graph = name in cut or probabilities.get(name) is not None
-        if stated_by_graph or labels is None or not judge.thresholds_by_scale(values):
+        if stated_by_graph or (labels is None and task_stated) or not judge.thresholds_by_scale(values):
             continue
         if values.ndim == 0 or int(np.prod(values.shape[1:])) != 1:  # multilabel thresholds several columns too
             continue
@@ -377,19 +380,27 @@ def one_class_readings(task: str, reference_outputs: Mapping[str, np.ndarray], p
         finite = np.isfinite(scores)
         as_probability = metrics.looks_like_sigmoid(scores)
         decided = np.unique(metrics.top1(scores[finite], as_probability))
-        held = np.unique(np.asarray(labels).reshape(-1)[finite])
-        if decided.size != 1 or held.size < 2:
+        held = None if labels is None else np.unique(np.asarray(labels).reshape(-1)[finite])
+        if decided.size != 1 or (held is not None and held.size < 2):
             continue
         split = "read as a probability (every FP32 value lies within [0, 1]) and split at 0.5" if as_probability \
             else "read as a logit and split at 0"
         found[name] = (f"output {name!r}: a single score column whose graph states no threshold, {split}, puts every "
-                       f"one of {int(finite.sum())} evaluation rows in class {int(decided[0])} while the labels hold "
-                       f"classes {', '.join(str(int(c)) for c in held)} (FP32's scores lie within "
+                       f"one of {int(finite.sum())} evaluation rows in class {int(decided[0])}{_held_text(held)} "
+                       f"(FP32's scores lie within "
                        f"[{scores[finite].min():.4g}, {scores[finite].max():.4g}]): a variant's decisions change only "
                        "where it carries a score across that split, so accuracy, agreement and flip_rate say little; "
                        "expected the model's threshold in the graph (its label as Greater(score, t), which qbench "
                        "splits at t) or a metric of your own (metrics:)")  # fmt: skip
+        if not task_stated:
+            found[name] += ("; the recipe sets no task, so the output was read as class scores (task: "
+                            "classification): a regressor's output is judged by task: regression")  # fmt: skip
     return found
+
+
+def _held_text(held: np.ndarray | None) -> str:
+    """What the labels hold, beside FP32's one class (nothing without labels)."""
+    return "" if held is None else f" while the labels hold classes {', '.join(str(int(c)) for c in held)}"
 
 
 def scale_notes(task: str, reference_outputs: Mapping[str, np.ndarray], probabilities: Mapping[str, bool | None],

@@ -275,7 +275,7 @@ def measure(
             _check_reference_outputs(prepared, label, outputs, rows, scales, quiet=quiet)
             one_class = one_class_readings(recipe.task, outputs, scales, {c.name for c in prepared.outputs
                                                                            if c.meta.decision_cut is not None},
-                                           rows.labels)  # fmt: skip
+                                           rows.labels, task_stated="task" in recipe.model_fields_set)  # fmt: skip
             for reading in () if quiet else one_class.values():
                 logger.warning("%s: %s", label, reading)
             uncompared = outputs_left_out(prepared.model, prepared.outputs)

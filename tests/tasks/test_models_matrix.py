@@ -177,6 +177,34 @@ def test_regression_mlp(tmp_path, monkeypatch, capsys):
     assert fp32["agreement"] == 1.0
 
 
+def test_a_regressor_without_labels_under_the_default_task_is_named_as_read_in_one_class(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """A PolynomialFeatures + Ridge on diabetes, no labels and no `task`: its output (every value above 30) was read
+    as one logit, every row class 1, and every variant agreed 1.0 and passed with nothing said. The reading is now
+    named (warning, FP32's notes, a gate note) with the task to set; under a stated classification, as before, it is
+    not (the labels would say whether one class is wrong there)."""
+    from sklearn.linear_model import Ridge
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import PolynomialFeatures
+
+    features, targets = sklearn_datasets.load_diabetes(return_X_y=True)
+    features, targets = features[:ROWS].astype(np.float32), targets[:ROWS]
+    model = skl2onnx.to_onnx(make_pipeline(PolynomialFeatures(2), Ridge()).fit(features, targets), features[:1],
+                             target_opset=17)  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    recipe = project(tmp_path, model, table(features), variants=[{"name": "bf16", "precision": "bf16"}])
+    results, output = run_all(recipe, capsys)
+    predicted = plain_ort(tmp_path / "model.onnx", {"X": features})["variable"]
+    assert predicted.min() > 0 and overall(results, "bf16")["agreement"] == 1.0  # one class: blind to BF16's changes
+    assert said("the recipe sets no task, so the output was read as class scores (task: classification): a "
+                "regressor's output is judged by task: regression", output)  # fmt: skip
+    assert said(f"puts every one of {ROWS} evaluation rows in class 1", output)
+    assert said("decides every evaluation row one class on output 'variable'", output)
+    _, output = run_all(project(tmp_path / "stated", model, table(features), task="classification",
+                                variants=[{"name": "bf16", "precision": "bf16"}]), capsys)  # fmt: skip
+    assert said("evaluating output variable", output) and not said("evaluation rows in class", output)
+
+
 def test_a_regression_on_tiny_targets_is_gated_relative_to_fp32s_error(tmp_path, monkeypatch, capsys):
     """Targets of ~1e-4 (an outlier score): INT8's rounding multiplies FP32's MAE, a drop of ~1e-6 that the absolute
     default of 0.01 passed. With no tolerance stated, `qbench gate` reads the recorded recipe and judges against 1 % of

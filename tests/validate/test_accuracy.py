@@ -365,3 +365,20 @@ def test_a_score_of_several_columns_is_no_single_score_split_into_one_class():
     assert one_class_readings("multilabel", {"scores": scores}, {"scores": None}, set(), labels) == {}
     [line] = one_class_readings("multilabel", {"s": scores[:, :1]}, {"s": None}, set(), labels[:, :1]).values()
     assert "puts every one of 4 evaluation rows in class 0 while the labels hold classes 0, 1" in line
+
+
+def test_a_single_score_in_one_class_without_labels_is_named_only_where_the_task_was_left_to_its_default():
+    """A regressor's output (diabetes targets, 25 .. 350) under a recipe without `task` was read as one logit: every
+    row class 1, agreement 1.0 for every variant whatever it did to the values, and nothing said. Without labels the
+    reading is named where the task is the default, with the task to set; a stated classification is left alone."""
+    values = np.array([[151.0], [75.0], [141.0], [206.0]], dtype=np.float32)
+    [line] = one_class_readings("classification", {"variable": values}, {"variable": None}, set(), None,
+                                task_stated=False).values()  # fmt: skip
+    assert "read as a logit and split at 0, puts every one of 4 evaluation rows in class 1 (FP32's scores lie " \
+           "within [75, 206])" in line
+    assert line.endswith("the recipe sets no task, so the output was read as class scores (task: classification): "
+                         "a regressor's output is judged by task: regression")  # fmt: skip
+    assert "labels hold" not in line
+    assert one_class_readings("classification", {"variable": values}, {"variable": None}, set(), None) == {}
+    both = np.array([[-1.0], [2.0], [3.0], [4.0]], dtype=np.float32)  # FP32 decides both classes: nothing to name
+    assert one_class_readings("classification", {"s": both}, {"s": None}, set(), None, task_stated=False) == {}
