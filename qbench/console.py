@@ -438,7 +438,8 @@ def unwrap_help(typer_app: Any) -> None:
     """Give every command of a typer app (and of the apps added under it) the help its docstring writes, each
     paragraph on one line, for the help screen to wrap at its own width. Typer joins the lines of a docstring's
     first paragraph but keeps the source's line breaks in the others, so `qbench gate --help` broke mid-sentence
-    ("with\\n GITHUB_STEP_SUMMARY\\n set") wherever the source wrapped at 120 columns, in a terminal and a CI log alike."""
+    ("with\\n GITHUB_STEP_SUMMARY\\n set") wherever the source wrapped at 120 columns, in a terminal and a CI log
+    alike."""
     for command in typer_app.registered_commands:
         written = command.help if command.help is not None else inspect.getdoc(command.callback)
         if written:

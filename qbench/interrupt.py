@@ -144,8 +144,8 @@ def run_process_group(command: Sequence[str], stop_timeout_s: float = 10.0) -> i
     worker it forked: workers outlive a signal to their parent alone). Not SIGINT: a Python worker still
     starting raised KeyboardInterrupt and printed its traceback, eight of them on Ctrl+C in `qbench ui`
     (MLflow's job consumers were importing); SIGTERM ends those without a word and is a server's own
-    stop request. Whatever is still alive `stop_timeout_s` later is killed. Stopped that way, it returns None: a server that ends by itself
-    (whatever its status: MLflow's UI exits 0 when its port is taken) was not stopped by its user.
+    stop request. Whatever is still alive `stop_timeout_s` later is killed. Stopped that way, it returns None: a server
+    that ends by itself (whatever its status: MLflow's UI exits 0 when its port is taken) was not stopped by its user.
     """
     process = subprocess.Popen(list(command), start_new_session=True)  # the group id is the leader's pid
     received: list[int] = []

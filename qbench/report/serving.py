@@ -322,7 +322,8 @@ def _rate_within_text(serving: ServingResult) -> str:
     if serving.max_rate_rps:
         return f"max {rate_within(serving.max_rate_rps)} req/s within budget"
     if serving.simulated_max_rate_rps:
-        return f"simulated up to {rate_within(serving.simulated_max_rate_rps)} req/s within budget, no real rate claimed"
+        return (f"simulated up to {rate_within(serving.simulated_max_rate_rps)} "
+                "req/s within budget, no real rate claimed")
     return "no rate within budget"
 
 
