@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from qbench.frontier.pareto import timing_kinds
 from qbench.gate.evaluate import EXIT_UNUSABLE, GateReport, problem_owner
@@ -191,13 +192,21 @@ def _surely_cheaper(first: Choice, other: Choice, at_rate: bool) -> bool:
     return slow == fast == other_slow == other_fast and first.variant.key < other.variant.key
 
 
-def ranked(results: SweepResults, gate: GateReport | None) -> tuple[Choice | None, list[Choice]]:
+class Ranking(NamedTuple):
     """The cheapest candidate, or None and the candidates it may be (those no other is surely cheaper than: two or
-    more whose costs overlap; none when no variant meets both). See `cheapest`."""
+    more whose costs overlap; none when no variant meets both), and whether costs at the budget's rate ranked them."""
+
+    choice: Choice | None
+    contenders: list[Choice]
+    by_rate_cost: bool
+
+
+def ranked(results: SweepResults, gate: GateReport | None) -> Ranking:
+    """The candidates ranked by cost (`Ranking`). See `cheapest`."""
     candidates = _candidates(results, gate)
     at_rate = _by_rate_cost(candidates)
     contenders = [c for c in candidates if not any(_surely_cheaper(o, c, at_rate) for o in candidates if o is not c)]
-    return (contenders[0], []) if len(contenders) == 1 else (None, contenders)
+    return Ranking(contenders[0], [], at_rate) if len(contenders) == 1 else Ranking(None, contenders, at_rate)
 
 
 def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
@@ -216,7 +225,7 @@ def cheapest(results: SweepResults, gate: GateReport | None) -> Choice | None:
     (`mixed_machine_costs`, `unpriced_backends`)."""
     if mixed_machine_costs(results) is not None or unpriced_backends(results, gate):
         return None
-    return ranked(results, gate)[0]
+    return ranked(results, gate).choice
 
 
 def _range_text(choice: Choice, at_rate: str = "") -> str:
@@ -281,7 +290,6 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
                      f"from {basis})")  # fmt: skip
     lines += [f"SLO cannot judge (fail closed): {p}" for p in gate.problems if ": SLO:" in p]
     if checks or any(v.serving and v.serving.budget_ms is not None for v in results.variants):
-        choice = cheapest(results, gate)
         budgets = {c.reference for c in checks}
         recorded = {v.serving.budget_ms for v in results.variants if v.serving and v.serving.budget_ms is not None}
         if gate.exit_code == EXIT_UNUSABLE:  # some results were refused: no choice among them is judged
@@ -295,13 +303,13 @@ def slo_lines(results: SweepResults, gate: GateReport | None) -> list[str]:
         elif unpriced := unpriced_backends(results, gate):
             lines.append(f"cheapest meeting accuracy and SLO: cannot tell: no price for {', '.join(unpriced)} while "
                          "other backends have one (give every backend cost.price_per_hour, or --price)")  # fmt: skip
-        elif choice is None and len(contenders := ranked(results, gate)[1]) > 1:
-            at_rate = _by_rate_cost(_candidates(results, gate))
-            lines.append(f"cheapest meeting accuracy and SLO: cannot tell: {_undecided_text(contenders, at_rate)}")
-        elif choice is None:
-            lines.append("cheapest meeting accuracy and SLO: none")
+        elif (ranking := ranked(results, gate)).choice is not None:
+            lines.append(f"cheapest meeting accuracy and SLO: {_choice_text(ranking.choice)}")
+        elif len(ranking.contenders) > 1:
+            lines.append("cheapest meeting accuracy and SLO: cannot tell: "
+                         f"{_undecided_text(ranking.contenders, ranking.by_rate_cost)}")
         else:
-            lines.append(f"cheapest meeting accuracy and SLO: {_choice_text(choice)}")
+            lines.append("cheapest meeting accuracy and SLO: none")
     return lines
 
 
